@@ -1,0 +1,27 @@
+"""perfora: grow PyTorch models during training by adding artificial dendrites."""
+
+__version__ = "0.1.0"
+
+from .checkpoint import load_checkpoint, load_model, save_model  # noqa: E402
+from .config import PerforaConfig  # noqa: E402
+from .controller import ControllerState, Decision, GrowthController  # noqa: E402
+from .convert import ConversionReport, describe, perforate  # noqa: E402
+from .errors import (  # noqa: E402
+    CheckpointError,
+    ConfigError,
+    ConversionError,
+    OrderError,
+    PerforaError,
+    ScoreError,
+    ShapeMismatchError,
+)
+from .layers import DendriticLayer, dendritic_layers, unwrap_model  # noqa: E402
+from .rules import LearningRule, RuleStep, register_rule  # noqa: E402
+
+__all__ = [
+    "__version__", "PerforaConfig", "GrowthController", "Decision", "ControllerState",
+    "perforate", "describe", "ConversionReport", "DendriticLayer", "dendritic_layers",
+    "unwrap_model", "save_model", "load_model", "load_checkpoint", "LearningRule", "RuleStep",
+    "register_rule", "PerforaError", "ConfigError", "ScoreError", "OrderError",
+    "ConversionError", "CheckpointError", "ShapeMismatchError",
+]

@@ -1,0 +1,188 @@
+"""One typed, validated settings object for a growth run; one name per setting."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import ConfigError
+
+SWITCH_MODES = ("patience", "fixed", "every_epoch", "never")
+ACTIVATIONS = ("sigmoid", "tanh", "relu")
+DENDRITE_INITS = ("default", "normal")
+
+
+@dataclass
+class PerforaConfig:
+    """Settings of a growth run. Invalid values raise :class:`ConfigError` at construction.
+
+    The defaults are a sensible starting point for a real run; ``capacity_test`` is off.
+    """
+
+    maximize: bool = True
+    """True when a higher validation score is better (accuracy); False for a loss."""
+    switch_mode: str = "patience"
+    """When to add dendrites: 'patience' (on a plateau), 'fixed' (every ``fixed_switch_num``
+    epochs), 'every_epoch', or 'never' (plain early stopping: the baseline arm)."""
+    n_epochs_to_switch: int = 10
+    """Patience: epochs without improvement before a switch (or, with 'never', the stop)."""
+    improvement_threshold: float | tuple[float, ...] = 1e-4
+    """Relative margin a score must beat the best by (fraction of |best|). A sequence is
+    indexed by the current dendrite count (its last value is used beyond its end)."""
+    improvement_threshold_raw: float = 1e-5
+    """Absolute margin a score must beat the best by. Both margins must be exceeded."""
+    history_lookback: int = 1
+    """Smooth the validation score with a mean over this many epochs of the current cycle."""
+    fixed_switch_num: int = 10
+    """Epochs per cycle in 'fixed' mode."""
+    max_dendrites: int = 5
+    """Cap on dendrite sets per layer; 0 means no dendrites (early-stopping baseline)."""
+    max_dendrite_tries: int = 2
+    """Attempts (fresh random weights) for a dendrite set that fails to beat the best score;
+    2 means one retry."""
+    retain_all_dendrites: bool = False
+    """Keep a dendrite set even when its cycle did not beat the global best."""
+    capacity_test: bool = False
+    """Quick smoke test: switch every epoch, keep every set, stop after 3 additions."""
+    activation: str = "sigmoid"
+    """Dendrite nonlinearity: 'sigmoid', 'tanh' or 'relu'."""
+    dendrite_init: str = "default"
+    """'default': the wrapped layer's own default init (uniform, 1/sqrt(fan_in)) times
+    ``dendrite_init_scale``; 'normal': N(0, 1) times ``dendrite_init_scale``."""
+    dendrite_init_scale: float = 1.0
+    """Multiplier on the initial dendrite weights."""
+    rule: str = "gd"
+    """Learning rule: 'gd' (dendrites and neurons co-train by backprop)."""
+    seed: int = 0
+    """Seed of the generator that draws new dendrite weights (identical on every rank)."""
+    save_checkpoints: bool = True
+    """Write best/latest/switch_N checkpoints to the run folder (when one is given)."""
+    latest_every: int = 1
+    """Write the ``latest`` checkpoint every this many epochs (1 = every epoch)."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Free-form settings for learning rules and integrations (JSON-serializable)."""
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    # ----------------------------------------------------------------- validation
+    def validate(self) -> None:
+        """Check every setting; raise ConfigError naming the setting and the fix."""
+        _check_bool(self, "maximize")
+        _check_choice(self, "switch_mode", SWITCH_MODES)
+        _check_int(self, "n_epochs_to_switch", minimum=1)
+        thr = self.improvement_threshold
+        if isinstance(thr, Sequence) and not isinstance(thr, str):
+            if len(thr) == 0:
+                raise ConfigError("improvement_threshold: an empty sequence; give a float "
+                                  "or at least one value, e.g. 1e-4")
+            self.improvement_threshold = tuple(
+                _nonneg_float("improvement_threshold", v) for v in thr)
+        else:
+            self.improvement_threshold = _nonneg_float("improvement_threshold", thr)
+        self.improvement_threshold_raw = _nonneg_float(
+            "improvement_threshold_raw", self.improvement_threshold_raw)
+        _check_int(self, "history_lookback", minimum=1)
+        _check_int(self, "fixed_switch_num", minimum=1)
+        _check_int(self, "max_dendrites", minimum=0)
+        _check_int(self, "max_dendrite_tries", minimum=1)
+        _check_bool(self, "retain_all_dendrites")
+        _check_bool(self, "capacity_test")
+        _check_choice(self, "activation", ACTIVATIONS)
+        _check_choice(self, "dendrite_init", DENDRITE_INITS)
+        scale = self.dendrite_init_scale
+        if (isinstance(scale, bool) or not isinstance(scale, int | float)
+                or not math.isfinite(scale) or scale <= 0):
+            raise ConfigError(f"dendrite_init_scale must be a positive finite number, "
+                              f"got {scale!r}")
+        self.dendrite_init_scale = float(scale)
+        from .rules import available_rules  # late import: rules import config
+
+        _check_choice(self, "rule", available_rules())
+        _check_int(self, "seed", minimum=0)
+        _check_bool(self, "save_checkpoints")
+        _check_int(self, "latest_every", minimum=1)
+        if not isinstance(self.extra, dict):
+            raise ConfigError(f"extra must be a dict, got {type(self.extra).__name__}")
+
+    def threshold_for(self, num_dendrites: int) -> float:
+        """The relative improvement margin in force with ``num_dendrites`` sets."""
+        thr = self.improvement_threshold
+        if isinstance(thr, tuple):
+            return thr[min(num_dendrites, len(thr) - 1)]
+        return float(thr)
+
+    # ------------------------------------------------------------ (de)serialising
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-serializable dict of every setting."""
+        out = dataclasses.asdict(self)
+        if isinstance(out["improvement_threshold"], tuple):
+            out["improvement_threshold"] = list(out["improvement_threshold"])
+        return out
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> PerforaConfig:
+        """Build from a mapping; an unknown key is an error naming the nearest known one."""
+        check_setting_names(values.keys())
+        return cls(**dict(values))
+
+    def replace(self, **changes: Any) -> PerforaConfig:
+        """A validated copy with some settings changed."""
+        check_setting_names(changes.keys())
+        return dataclasses.replace(self, **changes)
+
+
+def setting_names() -> list[str]:
+    """Every valid setting name."""
+    return [f.name for f in dataclasses.fields(PerforaConfig)]
+
+
+def check_setting_names(names: Any) -> None:
+    """Raise ConfigError for the first unknown name, suggesting the nearest known one."""
+    known = setting_names()
+    for name in names:
+        if name not in known:
+            raise ConfigError(unknown_name_message(name, known, "setting"))
+
+
+def unknown_name_message(name: str, known: Sequence[str], what: str) -> str:
+    """'unknown setting X; did you mean Y?' with the closest match."""
+    close = difflib.get_close_matches(str(name), list(known), n=1, cutoff=0.5)
+    hint = f"; did you mean {close[0]!r}?" if close else f"; known: {', '.join(sorted(known))}"
+    return f"unknown {what} {name!r}{hint}"
+
+
+def _check_bool(cfg: PerforaConfig, name: str) -> None:
+    value = getattr(cfg, name)
+    if not isinstance(value, bool):
+        raise ConfigError(f"{name} must be True or False, got {value!r}")
+
+
+def _check_int(cfg: PerforaConfig, name: str, minimum: int) -> None:
+    value = getattr(cfg, name)
+    if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+            setattr(cfg, name, value)
+        else:
+            raise ConfigError(f"{name} must be an integer, got {value!r}")
+    if value < minimum:
+        raise ConfigError(f"{name} must be >= {minimum}, got {value}")
+
+
+def _check_choice(cfg: PerforaConfig, name: str, choices: Sequence[str]) -> None:
+    value = getattr(cfg, name)
+    if value not in choices:
+        raise ConfigError(unknown_name_message(value, choices, f"value for {name}:"))
+
+
+def _nonneg_float(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ConfigError(f"{name} must be a finite number, got {value!r}")
+    if value < 0:
+        raise ConfigError(f"{name} must be >= 0, got {value}")
+    return float(value)

@@ -1,0 +1,552 @@
+"""The growth controller: validation scores in, decisions out (continue, restructure, complete).
+
+An explicit object: several can live in one process. It owns the best-model snapshot it
+rewinds to, the optimizer/scheduler recipes it rebuilds after every restructure, and the
+run files it writes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+import time
+import warnings
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from . import __version__
+from .checkpoint import (
+    Checkpoint,
+    load_checkpoint,
+    load_state_into,
+    save_checkpoint,
+    to_storable,
+)
+from .config import PerforaConfig
+from .convert import layer_specs, rebuild_structure
+from .errors import CheckpointError, ConversionError, OrderError, ScoreError
+from .layers import dendritic_layers, unwrap_model
+from .optim import (
+    OptimizerRecipe,
+    SchedulerRecipe,
+    check_plateau_mode,
+    current_lr,
+    join_optimizer_state,
+    split_optimizer_state,
+    step_scheduler,
+)
+from .report import RunReport
+from .rules import make_rule
+
+CONTINUE, RESTRUCTURE, PHASE_CHANGE, COMPLETE = "continue", "restructure", "phase_change", \
+    "complete"
+CHECKPOINT_SUFFIX = ".safetensors"
+
+
+@dataclass
+class Decision:
+    """The controller's answer to one epoch's score."""
+
+    action: str
+    reason: str
+    model: nn.Module
+    optimizer: torch.optim.Optimizer | None
+    scheduler: Any
+    epoch: int
+    num_dendrites: int
+    phase: str
+
+    @property
+    def restructured(self) -> bool:
+        """True when what trains changed: rebuild anything that holds the parameters."""
+        return self.action in (RESTRUCTURE, PHASE_CHANGE)
+
+    @property
+    def complete(self) -> bool:
+        """True when growth is over; the model now holds the best weights."""
+        return self.action == COMPLETE
+
+
+@dataclass
+class ControllerState:
+    """Everything the controller decides from; JSON-able, saved in every checkpoint."""
+
+    epoch: int = 0
+    cycle_start_epoch: int = 0
+    cycle_scores: list[float] = field(default_factory=list)
+    cycle_best: float | None = None
+    last_improved_epoch: int = 0
+    cycle_set_global_best: bool = False
+    global_best: float | None = None
+    best_epoch: int | None = None
+    best_test: float | None = None
+    num_dendrites: int = 0
+    tries: int = 0
+    additions: int = 0
+    completed: bool = False
+    switch_epochs: list[int] = field(default_factory=list)
+    history: list[dict[str, Any]] = field(default_factory=list)
+    arch: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ControllerState:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+def as_score(value: Any, what: str = "validation score") -> float:
+    """A finite float from a number, 0-d tensor or numpy scalar; ScoreError otherwise."""
+    if isinstance(value, bool):
+        raise ScoreError(f"the {what} must be a number, got a bool ({value})")
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise ScoreError(f"the {what} must be one number, got a tensor of shape "
+                             f"{tuple(value.shape)}; reduce it first (e.g. .mean())")
+        value = value.detach().cpu().item()
+    elif hasattr(value, "item") and callable(value.item) and not isinstance(value, str):
+        try:
+            value = value.item()
+        except (TypeError, ValueError) as exc:
+            raise ScoreError(f"the {what} must be one number, got {value!r}") from exc
+    if not isinstance(value, numbers.Real):
+        raise ScoreError(f"the {what} must be a number, got {type(value).__name__} "
+                         f"({value!r})")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ScoreError(f"the {what} is {value}: training probably diverged (lower the "
+                         "learning rate) or the metric divided by zero; report a finite "
+                         "number")
+    return value
+
+
+class GrowthController:
+    """Decides, once per epoch, whether to keep training, add dendrites, or stop.
+
+    ``model`` must already be perforated (see :func:`perfora.perforate`). Settings come
+    from ``config`` and/or keyword arguments (``GrowthController(model, maximize=False)``).
+    With ``run_dir`` the controller writes checkpoints, metrics.csv, best_arch_scores.csv,
+    history.png and run.json there.
+    """
+
+    def __init__(self, model: nn.Module, config: PerforaConfig | None = None, *,
+                 run_dir: str | Path | None = None, write_files: bool = True,
+                 **settings: Any) -> None:
+        config = config if config is not None else PerforaConfig()
+        if settings:
+            config = config.replace(**settings)
+        self.config = config
+        self.model = model
+        layers = dendritic_layers(model)
+        if not layers:
+            raise ConversionError("the model has no dendritic layers: call "
+                                  "perfora.perforate(model) before creating the controller")
+        self.rule = make_rule(config.rule, config)
+        self.rule.apply(layers)
+        self.state = ControllerState(num_dendrites=self._layer_dendrites())
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.scheduler: Any = None
+        self._optimizer_recipe: OptimizerRecipe | None = None
+        self._scheduler_recipe: SchedulerRecipe | None = None
+        self._user_optimizer = False
+        self._best: tuple[dict, dict[str, torch.Tensor]] | None = None
+        self._last_time = time.perf_counter()
+        self.run_dir = Path(run_dir) if run_dir is not None else None
+        self.write_files = write_files
+        self._report = RunReport(self.run_dir) if self._writes() else None
+        if self._report is not None:
+            self._report.write_run_json({"perfora_version": __version__,
+                                         "torch_version": torch.__version__,
+                                         "config": config.to_dict()})
+
+    # ------------------------------------------------------------------ helpers
+    def _writes(self) -> bool:
+        return self.run_dir is not None and self.write_files
+
+    def _layers(self):
+        return dendritic_layers(self.model)
+
+    def _layer_dendrites(self) -> int:
+        counts = {layer.num_dendrites for layer in self._layers().values()}
+        return max(counts) if counts else 0
+
+    @property
+    def num_dendrites(self) -> int:
+        """Dendrite sets currently in every wrapped layer."""
+        return self.state.num_dendrites
+
+    @property
+    def epoch(self) -> int:
+        """Epochs reported so far."""
+        return self.state.epoch
+
+    @property
+    def completed(self) -> bool:
+        return self.state.completed
+
+    @property
+    def best_score(self) -> float | None:
+        """The best (smoothed) validation score so far."""
+        return self.state.global_best
+
+    @property
+    def phase(self) -> str:
+        return self.rule.phase
+
+    def parameter_count(self) -> int:
+        """Parameters of the model, as deployed (no hidden copies)."""
+        return sum(p.numel() for p in unwrap_model(self.model).parameters())
+
+    # ---------------------------------------------------------- optimizer setup
+    def set_optimizer(self, cls: type[torch.optim.Optimizer], **kwargs: Any) -> None:
+        """Register the optimizer class and arguments; rebuilt after every restructure."""
+        self._optimizer_recipe = OptimizerRecipe(cls, dict(kwargs))
+        self._user_optimizer = False
+
+    def set_scheduler(self, cls: type, **kwargs: Any) -> None:
+        """Register the LR scheduler class and arguments (stepped by the controller)."""
+        self._scheduler_recipe = SchedulerRecipe(cls, dict(kwargs))
+
+    def build_optimizer(self) -> tuple[torch.optim.Optimizer, Any]:
+        """(Re)build optimizer and scheduler over the currently trainable parameters."""
+        if self._optimizer_recipe is None:
+            raise OrderError("build_optimizer() before set_optimizer(): register the "
+                             "optimizer class first, e.g. ctl.set_optimizer(torch.optim.Adam, "
+                             "lr=1e-3)")
+        self.optimizer = self._optimizer_recipe.build(unwrap_model(self.model))
+        self.scheduler = None
+        if self._scheduler_recipe is not None:
+            self.scheduler = self._scheduler_recipe.build(self.optimizer)
+            check_plateau_mode(self.scheduler, self.config.maximize)
+        return self.optimizer, self.scheduler
+
+    def set_optimizer_instance(self, optimizer: torch.optim.Optimizer,
+                               scheduler: Any = None) -> None:
+        """Use an optimizer you built. After a restructure you must rebuild it yourself."""
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise OrderError(f"set_optimizer_instance needs a torch.optim.Optimizer, got "
+                             f"{type(optimizer).__name__}")
+        self.optimizer, self.scheduler = optimizer, scheduler
+        self._user_optimizer = True
+        self._optimizer_recipe = None
+        warnings.warn("perfora cannot rebuild an optimizer it did not build: after every "
+                      "decision with restructured=True, create a new optimizer over "
+                      "model.parameters() and pass it to set_optimizer_instance again (or "
+                      "use set_optimizer(cls, **kwargs) and let perfora rebuild it)",
+                      stacklevel=2)
+
+    def _rebuild_after_change(self) -> None:
+        if self._optimizer_recipe is not None:
+            self.build_optimizer()
+        elif self._user_optimizer:
+            self.optimizer = self.scheduler = None
+
+    # ------------------------------------------------------------ the decision
+    def _beats(self, new: float, old: float | None) -> bool:
+        if old is None:
+            return True
+        rel = self.config.threshold_for(self.state.num_dendrites)
+        margin = max(rel * abs(old), self.config.improvement_threshold_raw)
+        gain = new - old if self.config.maximize else old - new
+        return gain > margin
+
+    def step(self, score: Any, *, test_score: Any = None,
+             extra: Mapping[str, Any] | None = None,
+             model: nn.Module | None = None) -> Decision:
+        """Report one epoch's validation score; returns what to do next.
+
+        ``test_score`` is recorded at the best-validation epoch; ``extra`` holds named
+        scores written to metrics.csv and drawn in history.png.
+        """
+        st = self.state
+        if st.completed:
+            raise OrderError("step() after training completed: the controller already "
+                             "restored the best model; stop the loop when decision.complete")
+        if model is not None and unwrap_model(model) is not unwrap_model(self.model):
+            raise OrderError("step() got a different model from the one this controller was "
+                             "created with; pass the same model (or its DDP/DataParallel "
+                             "wrapper)")
+        value = as_score(score)
+        test = None if test_score is None else as_score(test_score, "test score")
+        extras = {k: as_score(v, f"extra score {k!r}") for k, v in (extra or {}).items()}
+        now = time.perf_counter()
+        seconds, self._last_time = now - self._last_time, now
+        st.epoch += 1
+        row: dict[str, Any] = {"epoch": st.epoch, "phase": self.rule.phase,
+                               "dendrites": st.num_dendrites, "val_score": value,
+                               "test_score": test, "lr": current_lr(self.optimizer),
+                               "params": self.parameter_count(), "seconds": seconds,
+                               "event": ""}
+        row.update({f"extra/{k}": v for k, v in extras.items()})
+
+        rule_step = self.rule.end_epoch(value, self._layers())
+        row.update({f"rule/{k}": v for k, v in self.rule.metrics().items()})
+        if rule_step.handled:
+            row["running_score"] = None
+            action, reason = CONTINUE, rule_step.reason or f"{self.rule.phase} phase"
+            if rule_step.trainables_changed:
+                self._rebuild_after_change()
+                action, row["event"] = PHASE_CHANGE, "phase_change"
+            return self._finish_step(row, action, reason)
+
+        st.cycle_scores.append(value)
+        window = st.cycle_scores[-self.config.history_lookback:]
+        st.cycle_scores = window
+        running = sum(window) / len(window)
+        row["running_score"] = running
+        improved_best = False
+        if self._beats(running, st.cycle_best):
+            st.cycle_best = running
+            st.last_improved_epoch = st.epoch
+            if self._beats(running, st.global_best):
+                st.global_best, st.best_epoch, st.best_test = running, st.epoch, test
+                st.cycle_set_global_best = True
+                improved_best = True
+        self._update_arch(running, test)
+        if improved_best:
+            self._snapshot_best()
+
+        action, reason = self._decide()
+        if action == CONTINUE:
+            step_scheduler(self.scheduler, value, self.config.maximize)
+        else:
+            row["event"] = action
+        return self._finish_step(row, action, reason, improved_best)
+
+    def _update_arch(self, running: float, test: float | None) -> None:
+        key = str(self.state.num_dendrites)
+        entry = self.state.arch.get(key)
+        better = entry is None or (running > entry["best_val_score"] if self.config.maximize
+                                   else running < entry["best_val_score"])
+        if better:
+            self.state.arch[key] = {"dendrites": self.state.num_dendrites,
+                                    "params": self.parameter_count(),
+                                    "best_val_score": running, "test_score": test,
+                                    "epoch": self.state.epoch}
+
+    def _switch_due(self) -> bool:
+        st, cfg = self.state, self.config
+        if cfg.capacity_test or cfg.switch_mode == "every_epoch":
+            return True
+        if cfg.switch_mode == "fixed":
+            return st.epoch - st.cycle_start_epoch >= cfg.fixed_switch_num
+        return st.epoch - st.last_improved_epoch >= cfg.n_epochs_to_switch
+
+    def _decide(self) -> tuple[str, str]:
+        st, cfg = self.state, self.config
+        if not self._switch_due():
+            return CONTINUE, "training"
+        if cfg.capacity_test:
+            if st.additions >= 3:
+                return self._complete("capacity test: 3 dendrite sets added", rewind=False)
+            self._grow()
+            return RESTRUCTURE, "capacity test: dendrites added every epoch"
+        if cfg.switch_mode == "never" or cfg.max_dendrites == 0:
+            return self._complete(f"early stopping: no improvement for "
+                                  f"{cfg.n_epochs_to_switch} epochs")
+        if st.num_dendrites > 0 and not st.cycle_set_global_best and \
+                not cfg.retain_all_dendrites:
+            if st.tries + 1 < cfg.max_dendrite_tries:
+                st.tries += 1
+                self._rewind_to_best()
+                self._grow()
+                return RESTRUCTURE, (f"dendrite set did not beat the best score; retry "
+                                     f"{st.tries} of {cfg.max_dendrite_tries - 1} with fresh "
+                                     "weights")
+            return self._complete(f"dendrite set failed {cfg.max_dendrite_tries} time(s) to "
+                                  "beat the best score")
+        if st.num_dendrites >= cfg.max_dendrites:
+            return self._complete(f"reached max_dendrites={cfg.max_dendrites}")
+        st.tries = 0
+        if not cfg.retain_all_dendrites:
+            self._rewind_to_best()
+        self._grow()
+        return RESTRUCTURE, f"plateau: added dendrite set {st.num_dendrites}"
+
+    def _complete(self, reason: str, rewind: bool = True) -> tuple[str, str]:
+        if rewind:
+            self._rewind_to_best()
+        self.state.completed = True
+        return COMPLETE, reason
+
+    def _finish_step(self, row: dict[str, Any], action: str, reason: str,
+                     improved_best: bool = False) -> Decision:
+        st = self.state
+        row["reason"] = reason if action != CONTINUE else ""
+        st.history.append(row)
+        if self._writes():
+            self._write_run_files(action, improved_best)
+        self._last_time = time.perf_counter()
+        return Decision(action=action, reason=reason, model=self.model,
+                        optimizer=self.optimizer, scheduler=self.scheduler, epoch=st.epoch,
+                        num_dendrites=st.num_dendrites, phase=self.rule.phase)
+
+    # ------------------------------------------------------------ growth
+    def _snapshot_best(self) -> None:
+        inner = unwrap_model(self.model)
+        self._best = (layer_specs(inner), to_storable(inner.state_dict()))
+
+    def _rewind_to_best(self) -> None:
+        if self._best is None:
+            return
+        specs, weights = self._best
+        rebuild_structure(self.model, specs)
+        load_state_into(self.model, weights, "the best-model snapshot")
+        self.state.num_dendrites = self._layer_dendrites()
+        self.rule.apply(self._layers())
+
+    def _grow(self) -> None:
+        st = self.state
+        layers = self._layers()
+        for index, (path, layer) in enumerate(sorted(layers.items())):
+            seed = zlib.crc32(f"{self.config.seed}:{st.additions}:{index}:{path}".encode())
+            gen = torch.Generator().manual_seed(seed)
+            layer.grow(gen, init=self.config.dendrite_init,
+                       scale=self.config.dendrite_init_scale)
+        st.additions += 1
+        st.num_dendrites = self._layer_dendrites()
+        st.switch_epochs.append(st.epoch)
+        st.cycle_start_epoch = st.last_improved_epoch = st.epoch
+        st.cycle_scores, st.cycle_best, st.cycle_set_global_best = [], None, False
+        self.rule.after_growth(layers)
+        self._rebuild_after_change()
+
+    def add_dendrites(self) -> Decision:
+        """Add one dendrite set now (without waiting for a plateau); rebuilds the optimizer."""
+        if self.state.completed:
+            raise OrderError("add_dendrites() after training completed")
+        self._grow()
+        if self._writes():
+            self._write_checkpoint(f"switch_{len(self.state.switch_epochs)}")
+        return Decision(RESTRUCTURE, "added on request", self.model, self.optimizer,
+                        self.scheduler, self.state.epoch, self.state.num_dendrites,
+                        self.rule.phase)
+
+    # ------------------------------------------------------------ run files
+    def _write_run_files(self, action: str, improved_best: bool) -> None:
+        st, cfg = self.state, self.config
+        assert self._report is not None
+        self._report.write_metrics(st.history)
+        if cfg.save_checkpoints:
+            if improved_best:
+                self._write_checkpoint("best")
+            if action == RESTRUCTURE:
+                self._write_checkpoint(f"switch_{len(st.switch_epochs)}")
+            if action == COMPLETE or st.epoch % cfg.latest_every == 0 or action != CONTINUE:
+                self._write_checkpoint("latest")
+        if action != CONTINUE:
+            self._write_summaries()
+
+    def _write_summaries(self) -> None:
+        if self._report is None:
+            return
+        rows = [self.state.arch[k] for k in sorted(self.state.arch, key=int)]
+        self._report.write_arch_table(rows)
+        self._report.draw_history(self.state.history, self.state.switch_epochs,
+                                  self.config.maximize)
+
+    def finish(self) -> None:
+        """Write the summary tables and graph now (also done at restructures and the end)."""
+        if self._writes():
+            self._write_summaries()
+
+    def checkpoint_path(self, name: str) -> Path:
+        if self.run_dir is None:
+            raise OrderError("no run_dir: give GrowthController(..., run_dir=...) or pass a "
+                             "full path")
+        return self.run_dir / f"{name}{CHECKPOINT_SUFFIX}"
+
+    def _write_checkpoint(self, name: str) -> None:
+        self.save(self.checkpoint_path(name))
+
+    # ------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        """Controller + rule state (JSON-able)."""
+        return {"controller": self.state.to_dict(), "rule": self.rule.state_dict(),
+                "config": self.config.to_dict()}
+
+    def to_checkpoint(self) -> Checkpoint:
+        """Everything needed to resume exactly: model, best snapshot, optimizer, state."""
+        inner = unwrap_model(self.model)
+        tensors: dict[str, dict[str, torch.Tensor]] = {"model": inner.state_dict()}
+        meta: dict[str, Any] = {"structure": layer_specs(inner), **self.state_dict(),
+                                "perfora_version": __version__}
+        if self._best is not None:
+            tensors["best"] = self._best[1]
+            meta["best_structure"] = self._best[0]
+        if self.optimizer is not None:
+            opt_tensors, opt_meta = split_optimizer_state(self.optimizer)
+            tensors["optimizer"] = opt_tensors
+            meta["optimizer"] = opt_meta
+            meta["optimizer_class"] = type(self.optimizer).__qualname__
+        if self.scheduler is not None:
+            meta["scheduler"] = _jsonable_or_none(self.scheduler.state_dict())
+        return Checkpoint(tensors=tensors, meta=meta)
+
+    def save(self, path: str | Path) -> None:
+        """Write a checkpoint atomically (safetensors + JSON; never pickle)."""
+        save_checkpoint(path, self.to_checkpoint())
+
+    def load(self, path_or_name: str | Path) -> Decision:
+        """Resume from a checkpoint: structure, weights, controller, rule, optimizer state.
+
+        A bare name (``"latest"``, ``"best"``, ``"switch_3"``) is looked up in ``run_dir``.
+        Register the optimizer (and scheduler) before loading so their state is restored.
+        """
+        path = Path(path_or_name)
+        if not path.suffix and self.run_dir is not None and not path.exists():
+            path = self.checkpoint_path(str(path_or_name))
+        ckpt = load_checkpoint(path)
+        meta = ckpt.meta
+        if "controller" not in meta:
+            raise CheckpointError(f"{path} holds a model but no controller state; use "
+                                  "perfora.load_model() for weights only")
+        try:
+            rebuild_structure(self.model, meta["structure"])
+        except ConversionError as exc:
+            raise CheckpointError(f"{path}: {exc}") from exc
+        load_state_into(self.model, ckpt.tensors.get("model", {}), str(path))
+        self.state = ControllerState.from_dict(meta["controller"])
+        self.rule.load_state_dict(meta.get("rule", {}), self._layers())
+        self._best = None
+        if "best" in ckpt.tensors:
+            self._best = (meta["best_structure"], ckpt.tensors["best"])
+        self._rebuild_after_change()
+        if self.optimizer is not None and "optimizer" in meta and not self._user_optimizer:
+            saved = join_optimizer_state(ckpt.tensors.get("optimizer", {}), meta["optimizer"])
+            try:
+                self.optimizer.load_state_dict(saved)
+            except (ValueError, KeyError) as exc:
+                raise CheckpointError(f"{path}: the optimizer state does not fit the "
+                                      f"optimizer registered now ({exc}); register the same "
+                                      "optimizer class and arguments as the saved run") from exc
+        if self.scheduler is not None and meta.get("scheduler") is not None:
+            self.scheduler.load_state_dict(meta["scheduler"])
+        if self._report is not None:
+            self._report._columns = None
+            self._report.write_metrics(self.state.history)
+        self._last_time = time.perf_counter()
+        return Decision(RESTRUCTURE, f"loaded {path.name}", self.model, self.optimizer,
+                        self.scheduler, self.state.epoch, self.state.num_dendrites,
+                        self.rule.phase)
+
+
+def _jsonable_or_none(state: Mapping[str, Any]) -> dict[str, Any] | None:
+    import json
+
+    try:
+        json.dumps(state)
+        return dict(state)
+    except TypeError:
+        warnings.warn("the scheduler's state is not JSON-serializable and was not saved; "
+                      "it restarts from its initial state on resume", stacklevel=3)
+        return None

@@ -1,0 +1,120 @@
+"""Run files: metrics.csv (per epoch), best_arch_scores.csv (per architecture), history.png."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from .checkpoint import atomic_write_bytes, atomic_write_text
+
+METRIC_COLUMNS = ["epoch", "phase", "dendrites", "val_score", "running_score", "test_score",
+                  "lr", "params", "seconds", "event"]
+ARCH_COLUMNS = ["dendrites", "params", "best_val_score", "test_score", "epoch"]
+
+
+def _fmt(value: Any) -> Any:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return repr(value) if math.isfinite(value) else str(value)
+    return value
+
+
+class RunReport:
+    """Writes the tables and graph of one run under ``run_dir`` (rank 0 only)."""
+
+    def __init__(self, run_dir: str | Path) -> None:
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._columns: list[str] | None = None
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.run_dir / "metrics.csv"
+
+    def write_metrics(self, history: Sequence[Mapping[str, Any]]) -> None:
+        """Append the last row, or rewrite the file when the columns changed (or on resume)."""
+        if not history:
+            return
+        columns = list(METRIC_COLUMNS)
+        for row in history:
+            columns += [k for k in row if k not in columns]
+        if columns != self._columns or not self.metrics_path.exists():
+            buf = io.StringIO()
+            writer = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore")
+            writer.writeheader()
+            for row in history:
+                writer.writerow({k: _fmt(row.get(k)) for k in columns})
+            atomic_write_text(self.metrics_path, buf.getvalue())
+            self._columns = columns
+            return
+        with self.metrics_path.open("a", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=columns, extrasaction="ignore")
+            writer.writerow({k: _fmt(history[-1].get(k)) for k in columns})
+
+    def write_arch_table(self, rows: Sequence[Mapping[str, Any]]) -> None:
+        """best_arch_scores.csv: one row per architecture (dendrite count)."""
+        buf = io.StringIO()
+        writer = csv.DictWriter(buf, fieldnames=ARCH_COLUMNS, extrasaction="ignore")
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: _fmt(row.get(k)) for k in ARCH_COLUMNS})
+        atomic_write_text(self.run_dir / "best_arch_scores.csv", buf.getvalue())
+
+    def write_run_json(self, info: Mapping[str, Any]) -> None:
+        atomic_write_text(self.run_dir / "run.json", json.dumps(info, indent=2, default=str))
+
+    def draw_history(self, history: Sequence[Mapping[str, Any]],
+                     switch_epochs: Sequence[int], maximize: bool) -> None:
+        """history.png: scores with phase changes marked, learning rate, params, epoch time."""
+        if not history:
+            return
+        import matplotlib
+
+        matplotlib.use("Agg", force=False)
+        from matplotlib.figure import Figure
+
+        fig = Figure(figsize=(11, 7), dpi=90)
+        axes = fig.subplots(2, 2)
+        epochs = [r["epoch"] for r in history]
+
+        def series(key: str) -> list[float]:
+            return [float("nan") if r.get(key) is None else float(r[key]) for r in history]
+
+        ax = axes[0][0]
+        ax.plot(epochs, series("val_score"), label="validation", lw=1.2)
+        if any(r.get("running_score") != r.get("val_score") for r in history):
+            ax.plot(epochs, series("running_score"), label="validation (smoothed)", lw=1)
+        if any(r.get("test_score") is not None for r in history):
+            ax.plot(epochs, series("test_score"), label="test", lw=1)
+        extra_keys = [k for k in history[-1] if k.startswith("extra/")]
+        for key in extra_keys:
+            ax.plot(epochs, series(key), label=key[6:], lw=0.8, alpha=0.8)
+        for i, e in enumerate(switch_epochs):
+            ax.axvline(e + 0.5, color="tab:red", ls="--", lw=0.8,
+                       label="dendrites added" if i == 0 else None)
+        phase_changes = [r["epoch"] for r in history if r.get("event") == "phase_change"]
+        for i, e in enumerate(phase_changes):
+            ax.axvline(e + 0.5, color="tab:blue", ls=":", lw=0.8,
+                       label="phase change" if i == 0 else None)
+        ax.set_title(f"scores ({'higher' if maximize else 'lower'} is better)")
+        ax.set_xlabel("epoch")
+        ax.legend(fontsize=7)
+
+        axes[0][1].plot(epochs, series("lr"), color="tab:green")
+        axes[0][1].set_title("learning rate")
+        axes[1][0].plot(epochs, series("params"), color="tab:purple")
+        axes[1][0].set_title("parameters")
+        axes[1][1].plot(epochs, series("seconds"), color="tab:gray")
+        axes[1][1].set_title("epoch time (s)")
+        for a in (axes[0][1], axes[1][0], axes[1][1]):
+            a.set_xlabel("epoch")
+        fig.tight_layout()
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png")
+        atomic_write_bytes(self.run_dir / "history.png", buf.getvalue())
