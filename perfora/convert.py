@@ -215,7 +215,7 @@ def _neuron_sizes(inner: nn.Module, selected: list[str], neuron_axes: Mapping[st
             sizes[path] = int(num_neurons[path])
         elif bank_kind(module) != "generic":
             sizes[path] = int(getattr(module, "out_features", None)
-                              or getattr(module, "out_channels"))
+                              or module.out_channels)
         else:
             missing.append(path)
     if missing and example_input is not None:
