@@ -33,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--out", default="perfora_runs/demo",
                       help="run folder (default perfora_runs/demo); '' writes no files")
     demo.add_argument("--json", action="store_true", help="print the table as one JSON object")
-    demo.add_argument("--hidden", type=int, default=4, help="hidden width of the MLP")
+    demo.add_argument("--hidden", type=int, default=6, help="hidden width of the MLP")
     demo.add_argument("--patience", type=int, default=10, help="epochs without improvement")
     demo.add_argument("--max-dendrites", type=int, default=3, help="cap on dendrite sets")
     demo.add_argument("--no-progress", action="store_true", help="hide the progress bar")

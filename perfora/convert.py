@@ -111,14 +111,15 @@ def perforate(
     num_neurons = dict(num_neurons or {})
     pair_map = {_norm_path(a): _norm_path(b) for a, b in groups}
 
-    modules = dict(inner.named_modules())
-    for p in list(paths) + list(pair_map) + list(pair_map.values()):
+    modules = dict(inner.named_modules(remove_duplicate=False))
+    for p in list(paths) + list(pair_map) + list(pair_map.values()) + exclude:
         if p not in modules:
             raise ConversionError(f"no module at path {p!r}; paths look like "
                                   f"{_example_paths(modules)}")
 
     selected: list[str] = []
     _select(inner, "", types, names, set(paths), predicate, exclude, exclude_types, selected)
+    selected = _first_path_per_module(selected, modules)
     existing = dendritic_layers(inner)
     if not selected and not existing:
         raise ConversionError(
@@ -128,11 +129,12 @@ def perforate(
 
     if group_norms:
         pair_map.update(_sequential_norm_pairs(inner, selected, exclude, exclude_types))
+    axes = {path: _axis_for(path, modules[path], neuron_axes) for path in selected}
     sizes = _neuron_sizes(inner, selected, neuron_axes, num_neurons, example_input)
     aliases = _alias_paths(inner)
     for path in selected:
         module = modules[path]
-        axis = _axis_for(path, module, neuron_axes)
+        axis = axes[path]
         norm_path = pair_map.get(path)
         base: nn.Module = module
         if norm_path is not None:
@@ -172,6 +174,17 @@ def _select(module: nn.Module, prefix: str, types: tuple, names: set, paths: set
             _select(child, path, types, names, paths, predicate, exclude, exclude_types, out)
 
 
+def _first_path_per_module(paths: list[str], modules: Mapping[str, nn.Module]) -> list[str]:
+    """One path per module: a module reachable by several paths is wrapped once."""
+    seen: set[int] = set()
+    out: list[str] = []
+    for path in paths:
+        if id(modules[path]) not in seen:
+            seen.add(id(modules[path]))
+            out.append(path)
+    return out
+
+
 def _sequential_norm_pairs(inner: nn.Module, selected: list[str], exclude: Sequence[str],
                            exclude_types: tuple) -> dict[str, str]:
     pairs: dict[str, str] = {}
@@ -206,7 +219,7 @@ def _axis_for(path: str, module: nn.Module, neuron_axes: Mapping[str, int]) -> i
 
 def _neuron_sizes(inner: nn.Module, selected: list[str], neuron_axes: Mapping[str, int],
                   num_neurons: Mapping[str, int], example_input) -> dict[str, int]:
-    modules = dict(inner.named_modules())
+    modules = dict(inner.named_modules(remove_duplicate=False))
     sizes: dict[str, int] = {}
     missing: list[str] = []
     for path in selected:
@@ -237,7 +250,7 @@ def _neuron_sizes(inner: nn.Module, selected: list[str], neuron_axes: Mapping[st
 def _probe_sizes(inner: nn.Module, paths: list[str], neuron_axes: Mapping[str, int],
                  example_input) -> dict[str, int]:
     """Run one forward pass and read each module's output size along its neuron axis."""
-    modules = dict(inner.named_modules())
+    modules = dict(inner.named_modules(remove_duplicate=False))
     sizes: dict[str, int] = {}
     handles = []
     for path in paths:

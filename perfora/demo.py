@@ -60,7 +60,7 @@ def load_digits_data() -> DemoData:
     return DemoData(x[:n_train], y[:n_train], x[n_train:cut], y[n_train:cut], x[cut:], y[cut:])
 
 
-def narrow_mlp(hidden: int = 4) -> nn.Module:
+def narrow_mlp(hidden: int = 6) -> nn.Module:
     """A deliberately narrow MLP: 64 -> hidden -> 10."""
     return nn.Sequential(nn.Linear(64, hidden), nn.ReLU(), nn.Linear(hidden, 10))
 
@@ -117,7 +117,7 @@ def run_arm(name: str, data: DemoData, config: PerforaConfig, *, seed: int, hidd
         run_dir=str(run_dir) if run_dir else "")
 
 
-def run_demo(*, seed: int = 0, out: str | Path | None = "perfora_runs/demo", hidden: int = 4,
+def run_demo(*, seed: int = 0, out: str | Path | None = "perfora_runs/demo", hidden: int = 6,
              patience: int = 10, max_dendrites: int = 3, progress: bool = True
              ) -> dict[str, Any]:
     """Both arms with the same patience; returns {"arms": [...], ...} as `--json` prints."""

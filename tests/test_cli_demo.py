@@ -1,0 +1,82 @@
+"""`perfora demo` as a user runs it, and the README's example as a user copies it."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.run([sys.executable, "-m", "perfora.cli", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=240)
+
+
+@pytest.mark.timeout(300)
+def test_demo_json_reports_both_arms_and_writes_run_files(tmp_path: Path) -> None:
+    out = tmp_path / "runs"
+    proc = _run(["demo", "--json", "--seed", "1", "--out", str(out)], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    arms = {a["name"]: a for a in result["arms"]}
+    assert set(arms) == {"baseline", "dendrites"}
+    for arm in arms.values():
+        assert isinstance(arm["params"], int) and arm["params"] > 0
+        assert isinstance(arm["epochs"], int) and arm["epochs"] > 0
+        assert 0.0 <= arm["test_accuracy"] <= 1.0 and 0.0 <= arm["val_accuracy"] <= 1.0
+        assert arm["seconds"] > 0
+        for name in ("metrics.csv", "best_arch_scores.csv", "history.png", "run.json",
+                     "best.safetensors", "latest.safetensors"):
+            assert (out / arm["name"] / name).is_file(), name
+        rows = (out / arm["name"] / "metrics.csv").read_text().strip().splitlines()
+        assert len(rows) == arm["epochs"] + 1  # header + one row per epoch
+    assert arms["baseline"]["dendrites"] == 0
+    base, dend = arms["baseline"], arms["dendrites"]
+    # The dendrite arm trains at least as long as the baseline (same patience, same seed:
+    # its first cycle is the baseline run) and its size matches its dendrite count.
+    assert dend["epochs"] >= base["epochs"]
+    if dend["dendrites"] > 0:
+        assert dend["params"] > base["params"]
+        assert list((out / "dendrites").glob("switch_*.safetensors"))
+    else:
+        assert dend["params"] == base["params"]
+
+
+def test_demo_rejects_unknown_option(tmp_path: Path) -> None:
+    proc = _run(["demo", "--sead", "1"], tmp_path)
+    assert proc.returncode == 2
+    assert "--sead" in proc.stderr
+
+
+def test_readme_opens_with_the_two_commands() -> None:
+    readme = (ROOT / "README.md").read_text()
+    first_commands = re.findall(r"^    (\S.*)$", readme, flags=re.M)[:2]
+    assert first_commands == ['pip install -e ".[dev]" && perfora demo', "pytest -q"]
+
+
+def test_readme_loop_is_the_tested_example() -> None:
+    readme = (ROOT / "README.md").read_text()
+    block = re.search(r"```python\n(import torch\n.*?)```", readme, flags=re.S).group(1)
+    example = (ROOT / "examples" / "native_loop.py").read_text()
+    assert block.strip() in example
+
+
+@pytest.mark.timeout(300)
+def test_readme_example_runs_and_grows(tmp_path: Path) -> None:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "native_loop.py")],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    match = re.search(r"(\d+) dendrite set\(s\), best validation accuracy ([\d.]+)",
+                      proc.stdout)
+    assert match, proc.stdout
+    assert float(match.group(2)) > 0.5
+    assert (tmp_path / "perfora_runs" / "native_loop" / "metrics.csv").is_file()
