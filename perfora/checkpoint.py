@@ -67,6 +67,11 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
 
 def save_checkpoint(path: str | os.PathLike, checkpoint: Checkpoint) -> None:
     """Write a checkpoint atomically."""
+    atomic_write_bytes(path, encode_checkpoint(checkpoint))
+
+
+def encode_checkpoint(checkpoint: Checkpoint) -> bytes:
+    """The bytes of a checkpoint file: safetensors with the JSON state as metadata."""
     flat: dict[str, torch.Tensor] = {}
     for prefix, group in checkpoint.tensors.items():
         if "/" in prefix:
@@ -80,7 +85,7 @@ def save_checkpoint(path: str | os.PathLike, checkpoint: Checkpoint) -> None:
         header = json.dumps(meta, allow_nan=True)
     except TypeError as exc:
         raise CheckpointError(f"checkpoint state is not JSON-serializable: {exc}") from exc
-    atomic_write_bytes(path, st_save(flat, metadata={_META_KEY: header}))
+    return st_save(flat, metadata={_META_KEY: header})
 
 
 def _refuse_unsafe(path: Path, head: bytes, size: int) -> None:

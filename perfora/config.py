@@ -63,6 +63,10 @@ class PerforaConfig:
     """Write best/latest/switch_N checkpoints to the run folder (when one is given)."""
     latest_every: int = 1
     """Write the ``latest`` checkpoint every this many epochs (1 = every epoch)."""
+    checkpoint_time_budget: float | None = 0.05
+    """Most of the run time that plain-epoch checkpoint writes may take: with tiny, fast
+    epochs ``latest`` is then written every few epochs instead of every one. Restructures and
+    the end are always written at once. None writes every ``latest_every`` epochs."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Free-form settings for learning rules and integrations (JSON-serializable)."""
 
@@ -106,6 +110,13 @@ class PerforaConfig:
         _check_int(self, "seed", minimum=0)
         _check_bool(self, "save_checkpoints")
         _check_int(self, "latest_every", minimum=1)
+        budget = self.checkpoint_time_budget
+        if budget is not None:
+            if (isinstance(budget, bool) or not isinstance(budget, int | float)
+                    or not 0 < budget <= 1):
+                raise ConfigError(f"checkpoint_time_budget must be a fraction in (0, 1] or "
+                                  f"None, got {budget!r}")
+            self.checkpoint_time_budget = float(budget)
         if not isinstance(self.extra, dict):
             raise ConfigError(f"extra must be a dict, got {type(self.extra).__name__}")
 

@@ -7,6 +7,7 @@ run files it writes.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import numbers
@@ -24,6 +25,8 @@ from torch import nn
 from . import __version__
 from .checkpoint import (
     Checkpoint,
+    atomic_write_bytes,
+    encode_checkpoint,
     load_checkpoint,
     load_state_into,
     save_checkpoint,
@@ -96,7 +99,8 @@ class ControllerState:
     arch: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        # shallow: rows are flat dicts of numbers; asdict deep-copied the whole history
+        return {f.name: copy.copy(getattr(self, f.name)) for f in dataclasses.fields(self)}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ControllerState:
@@ -160,6 +164,9 @@ class GrowthController:
         self._user_optimizer = False
         self._best: tuple[dict, dict[str, torch.Tensor]] | None = None
         self._last_time = time.perf_counter()
+        self._last_write = time.perf_counter()
+        self._write_cost = 0.0
+        self._best_unsaved = False
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.write_files = write_files
         self._report = RunReport(self.run_dir) if self._writes() else None
@@ -437,12 +444,17 @@ class GrowthController:
         assert self._report is not None
         self._report.write_metrics(st.history)
         if cfg.save_checkpoints:
-            if improved_best:
-                self._write_checkpoint("best")
-            if action == RESTRUCTURE:
-                self._write_checkpoint(f"switch_{len(st.switch_epochs)}")
-            if action == COMPLETE or st.epoch % cfg.latest_every == 0 or action != CONTINUE:
-                self._write_checkpoint("latest")
+            self._best_unsaved |= improved_best
+            # restructures and the end are written now; plain epochs only when the time
+            # since the last write pays for it (checkpoint_time_budget), so a tiny model is
+            # not slowed down by writing every epoch and a big one still writes every epoch
+            budget = cfg.checkpoint_time_budget
+            due = action != CONTINUE or (
+                st.epoch % cfg.latest_every == 0 and (
+                    budget is None
+                    or time.perf_counter() - self._last_write >= self._write_cost / budget))
+            if due:
+                self._write_checkpoints(action)
         if action != CONTINUE:
             self._write_summaries()
 
@@ -457,6 +469,8 @@ class GrowthController:
     def finish(self) -> None:
         """Write the summary tables and graph now (also done at restructures and the end)."""
         if self._writes():
+            if self.config.save_checkpoints and self.state.history:
+                self._write_checkpoints(CONTINUE)
             self._write_summaries()
 
     def checkpoint_path(self, name: str) -> Path:
@@ -468,18 +482,38 @@ class GrowthController:
     def _write_checkpoint(self, name: str) -> None:
         self.save(self.checkpoint_path(name))
 
+    def _write_checkpoints(self, action: str) -> None:
+        """latest (+ switch_N at a restructure, + best if it changed), each encoded once."""
+        start = time.perf_counter()
+        data = encode_checkpoint(self.to_checkpoint())
+        if action == RESTRUCTURE:
+            atomic_write_bytes(self.checkpoint_path(f"switch_{len(self.state.switch_epochs)}"),
+                               data)
+        atomic_write_bytes(self.checkpoint_path("latest"), data)
+        if self._best_unsaved and self._best is not None:
+            # "best" holds the best model itself, even if the model grew since
+            best = encode_checkpoint(self.to_checkpoint(model_from_best=True))
+            atomic_write_bytes(self.checkpoint_path("best"), best)
+            self._best_unsaved = False
+        self._last_write = time.perf_counter()
+        self._write_cost = self._last_write - start
+
     # ------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
         """Controller + rule state (JSON-able)."""
         return {"controller": self.state.to_dict(), "rule": self.rule.state_dict(),
                 "config": self.config.to_dict()}
 
-    def to_checkpoint(self) -> Checkpoint:
-        """Everything needed to resume exactly: model, best snapshot, optimizer, state."""
+    def to_checkpoint(self, model_from_best: bool = False) -> Checkpoint:
+        """Everything needed to resume exactly: model, best snapshot, optimizer, state.
+
+        ``model_from_best``: the model tensors and structure are the best snapshot."""
         inner = unwrap_model(self.model)
         tensors: dict[str, dict[str, torch.Tensor]] = {"model": inner.state_dict()}
         meta: dict[str, Any] = {"structure": layer_specs(inner), **self.state_dict(),
                                 "perfora_version": __version__}
+        if model_from_best and self._best is not None:
+            meta["structure"], tensors["model"] = self._best
         if self._best is not None:
             tensors["best"] = self._best[1]
             meta["best_structure"] = self._best[0]
@@ -517,7 +551,7 @@ class GrowthController:
         load_state_into(self.model, ckpt.tensors.get("model", {}), str(path))
         self.state = ControllerState.from_dict(meta["controller"])
         self.rule.load_state_dict(meta.get("rule", {}), self._layers())
-        self._best = None
+        self._best, self._best_unsaved = None, False
         if "best" in ckpt.tensors:
             self._best = (meta["best_structure"], ckpt.tensors["best"])
         self._rebuild_after_change()

@@ -41,9 +41,12 @@ class RunReport:
         """Append the last row, or rewrite the file when the columns changed (or on resume)."""
         if not history:
             return
-        columns = list(METRIC_COLUMNS)
-        for row in history:
-            columns += [k for k in row if k not in columns]
+        if self._columns is None or not self.metrics_path.exists():
+            columns = list(METRIC_COLUMNS)
+            for row in history:
+                columns += [k for k in row if k not in columns]
+        else:  # only the new row can add a column: O(1) per epoch, not O(epochs)
+            columns = self._columns + [k for k in history[-1] if k not in self._columns]
         if columns != self._columns or not self.metrics_path.exists():
             buf = io.StringIO()
             writer = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore")
