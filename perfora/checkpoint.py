@@ -170,6 +170,11 @@ def load_model(model: nn.Module, path: str | os.PathLike) -> nn.Module:
     ckpt = load_checkpoint(path)
     if "model" not in ckpt.tensors:
         raise CheckpointError(f"{path} holds no model weights")
-    rebuild_structure(model, ckpt.meta.get("structure", {}))
+    from .errors import ConversionError
+
+    try:
+        rebuild_structure(model, ckpt.meta.get("structure", {}))
+    except ConversionError as exc:
+        raise ShapeMismatchError(f"{path}: {exc}") from exc
     load_state_into(model, ckpt.tensors["model"], str(path))
     return model
