@@ -4,8 +4,12 @@ With K dendrites on neuron layer N (see DESIGN.md)::
 
     a_k = D_k(x) + sum_{j<k} w[k, j] * d_j      d_k = act(a_k)      y = N(x) + sum_k v[k] * d_k
 
-All K dendrite layers live in one tensor (a K-times wider Linear/Conv, or a stacked set of
-parameters evaluated with ``torch.func.vmap`` for other modules), so they cost one kernel.
+All K dendrite layers of a wrapped layer live in one tensor (a K-times wider Linear/Conv
+weight, or stacked parameters evaluated with one ``torch.func.vmap`` call for other
+modules): one parameter, one optimizer entry, one gradient bucket. Linear/Conv dendrites are
+evaluated slice by slice of that tensor: measured, this is as fast as one wide kernel (faster
+at large batch: no K-sized zero-filled gradient buffers) and keeps growth bit-exact, which a
+wider GEMM does not (it may round the old columns differently).
 A new dendrite starts with zero ``v`` and ``w`` rows, so growth leaves the output unchanged.
 """
 
@@ -220,18 +224,35 @@ class DendriticLayer(nn.Module):
         raise ValueError(f"unknown parameter group {group!r}; use {PARAM_GROUPS}")
 
     # ------------------------------------------------------------------ forward
-    def _bank_outputs(self, x: torch.Tensor, like: torch.Tensor) -> list[torch.Tensor]:
-        """D_k(x) for every k, each shaped like the neuron output, from one batched call."""
+    def _dendrite_weights(self) -> tuple[list, list]:
+        """Each dendrite's (weight, bias): views of the bank, copies only for grouped convs."""
+        k, g = self.num_dendrites, self._groups()
+        bias = self.bank_bias
+        if k == 1:
+            return [self.bank_weight], [bias]
+        if g == 1:
+            n = self.num_neurons
+            return (list(self.bank_weight.split(n)),
+                    [None] * k if bias is None else list(bias.split(n)))
+        per = self.num_neurons // g
+        w = [t.flatten(0, 1) for t in self.bank_weight.unflatten(0, (g, k, per)).unbind(1)]
+        b = ([None] * k if bias is None else
+             [t.flatten(0, 1) for t in bias.unflatten(0, (g, k, per)).unbind(1)])
+        return w, b
+
+    def _bank_outputs(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """D_k(x) for every k, each shaped like the neuron output.
+
+        Linear/Conv banks stay one parameter tensor, but each dendrite is evaluated by its
+        own call on its slice of it: D_k(x) then has the same shapes, hence the same bits,
+        whatever K is (exact growth), and no buffer K times a feature map is allocated.
+        """
         k = self.num_dendrites
-        if self.kind == "linear":
-            pre = F.linear(x, self.bank_weight, self.bank_bias)
-            pre = pre.unflatten(-1, (k, self.num_neurons))
-            return [pre[..., i, :] for i in range(k)]
-        if self.kind == "conv":
-            g = self._groups()
-            pre = self.source._conv_forward(x, self.bank_weight, self.bank_bias)
-            shaped = pre.unflatten(1, (g, k, self.num_neurons // g))
-            return [shaped[:, :, i].flatten(1, 2) for i in range(k)]
+        if self.kind in ("linear", "conv"):
+            w, b = self._dendrite_weights()
+            if self.kind == "linear":
+                return [F.linear(x, w[i], b[i]) for i in range(k)]
+            return [self.source._conv_forward(x, w[i], b[i]) for i in range(k)]
         names = self._generic_names()
         params = {name: self.bank_params[_key(name)] for name in names}
 
@@ -239,37 +260,39 @@ class DendriticLayer(nn.Module):
             return torch.func.functional_call(self.source, p, (inp,))
 
         stacked = torch.func.vmap(call, in_dims=(0, None))(params, x)
-        return [stacked[i] for i in range(k)]
+        return list(stacked.unbind(0))
 
-    def _per_neuron(self, vec: torch.Tensor, ndim: int) -> torch.Tensor:
-        axis = self.neuron_axis % ndim
-        if axis == ndim - 1:
-            return vec
+    def _neuron_shape(self, ndim: int) -> list[int]:
+        """Broadcast shape of a per-neuron vector against an output with ``ndim`` axes."""
         shape = [1] * ndim
-        shape[axis] = self.num_neurons
-        return vec.view(shape)
+        shape[self.neuron_axis % ndim] = self.num_neurons
+        return shape
 
     def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         y = self.base(x, *args, **kwargs)
-        if self.num_dendrites == 0:
+        k = self.num_dendrites
+        if k == 0:
             return y
         if args or kwargs:
             raise ConversionError("a DendriticLayer with dendrites takes one tensor input; "
                                   "wrap a module that maps one tensor to one tensor")
         act = _ACTIVATIONS[self.activation]
-        pre = self._bank_outputs(x, y)
+        shape = self._neuron_shape(y.ndim)
+        pre = self._bank_outputs(x)
+        if k == 1:  # no cascade: y + v * act(D(x)) in two kernels
+            return torch.addcmul(y, self.out_weight.view(shape), act(pre[0]))
+        v = self.out_weight.view(k, *shape).unbind(0)
+        w = self.cascade.view(-1, *shape).unbind(0)
         dendrites: list[torch.Tensor] = []
-        total: torch.Tensor | None = None
-        row = 0
-        for k, a in enumerate(pre):
-            for j in range(k):
-                a = a + self._per_neuron(self.cascade[row], a.ndim) * dendrites[j]
+        out, row = y, 0
+        for i, a in enumerate(pre):
+            for j in range(i):
+                a = torch.addcmul(a, w[row], dendrites[j])
                 row += 1
             d = act(a)
             dendrites.append(d)
-            term = self._per_neuron(self.out_weight[k], d.ndim) * d
-            total = term if total is None else total + term
-        return y + total
+            out = torch.addcmul(out, v[i], d)
+        return out
 
     def extra_repr(self) -> str:
         return (f"neurons={self.num_neurons}, axis={self.neuron_axis}, "
