@@ -34,6 +34,7 @@ from .checkpoint import (
 )
 from .config import PerforaConfig
 from .convert import layer_specs, rebuild_structure
+from .distributed import agree_on_scores, barrier, is_rank_zero
 from .errors import CheckpointError, ConversionError, OrderError, ScoreError
 from .layers import dendritic_layers, unwrap_model
 from .optim import (
@@ -177,7 +178,7 @@ class GrowthController:
 
     # ------------------------------------------------------------------ helpers
     def _writes(self) -> bool:
-        return self.run_dir is not None and self.write_files
+        return self.run_dir is not None and self.write_files and is_rank_zero()
 
     def _layers(self):
         return dendritic_layers(self.model)
@@ -268,11 +269,14 @@ class GrowthController:
 
     def step(self, score: Any, *, test_score: Any = None,
              extra: Mapping[str, Any] | None = None,
-             model: nn.Module | None = None) -> Decision:
+             model: nn.Module | None = None, weight: float = 1.0) -> Decision:
         """Report one epoch's validation score; returns what to do next.
 
         ``test_score`` is recorded at the best-validation epoch; ``extra`` holds named
-        scores written to metrics.csv and drawn in history.png.
+        scores written to metrics.csv and drawn in history.png. Under torch.distributed
+        every rank must call this; the scores are averaged over ranks (weighted by
+        ``weight``, e.g. the size of each rank's validation shard) so that every rank
+        takes the same decision.
         """
         st = self.state
         if st.completed:
@@ -285,6 +289,9 @@ class GrowthController:
         value = as_score(score)
         test = None if test_score is None else as_score(test_score, "test score")
         extras = {k: as_score(v, f"extra score {k!r}") for k, v in (extra or {}).items()}
+        value, test, *extra_values = agree_on_scores([value, test, *extras.values()],
+                                                     weight=float(weight))
+        extras = dict(zip(extras, extra_values))
         now = time.perf_counter()
         seconds, self._last_time = now - self._last_time, now
         st.epoch += 1
@@ -539,6 +546,7 @@ class GrowthController:
         path = Path(path_or_name)
         if not path.suffix and self.run_dir is not None and not path.exists():
             path = self.checkpoint_path(str(path_or_name))
+        barrier()  # rank 0 may still be writing the file the other ranks read
         ckpt = load_checkpoint(path)
         meta = ckpt.meta
         if "controller" not in meta:
