@@ -16,11 +16,12 @@ from .errors import (  # noqa: E402
     ShapeMismatchError,
 )
 from .layers import DendriticLayer, dendritic_layers, unwrap_model  # noqa: E402
+from .resume import resume  # noqa: E402
 from .rules import LearningRule, RuleStep, register_rule  # noqa: E402
 
 __all__ = [
     "__version__", "PerforaConfig", "GrowthController", "Decision", "ControllerState",
-    "perforate", "describe", "ConversionReport", "DendriticLayer", "dendritic_layers",
+    "perforate", "describe", "resume", "ConversionReport", "DendriticLayer", "dendritic_layers",
     "unwrap_model", "save_model", "load_model", "load_checkpoint", "LearningRule", "RuleStep",
     "register_rule", "PerforaError", "ConfigError", "ScoreError", "OrderError",
     "ConversionError", "CheckpointError", "ShapeMismatchError",
