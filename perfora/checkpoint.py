@@ -89,7 +89,10 @@ def encode_checkpoint(checkpoint: Checkpoint) -> bytes:
 
 
 def _refuse_unsafe(path: Path, head: bytes, size: int) -> None:
-    if head[:4] == b"PK\x03\x04" or head[:1] == b"\x80":
+    # A safetensors header length may start with byte 0x80 too: only a file whose JSON
+    # header does not open at byte 8 can be a pickle.
+    looks_safetensors = len(head) > 8 and head[8:9] == b"{"
+    if not looks_safetensors and (head[:4] == b"PK\x03\x04" or head[:1] == b"\x80"):
         raise CheckpointError(
             f"{path} is a pickle-based file (torch.save format); perfora never unpickles "
             "files because that can run arbitrary code. Re-save it with perfora, or load it "

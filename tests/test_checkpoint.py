@@ -500,3 +500,20 @@ def test_unserializable_metadata_leaves_previous_file_intact(tmp_path):
         save_model(path, grown_model(seed=4), note=object())
     assert path.read_bytes() == before
     assert leftovers(tmp_path) == []
+
+
+def test_checkpoint_whose_header_length_starts_with_0x80_is_not_taken_for_a_pickle(
+        tmp_path: Path) -> None:
+    """A safetensors header length whose low byte is 0x80 (1 file in 256) must load."""
+    from perfora.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+
+    path = tmp_path / "c.safetensors"
+    for pad in range(600):
+        save_checkpoint(path, Checkpoint(tensors={"model": {"w": torch.zeros(2)}},
+                                         meta={"pad": "x" * pad}))
+        if path.read_bytes()[0] == 0x80:
+            break
+    else:
+        raise AssertionError("no padding gave a header length starting with 0x80")
+    loaded = load_checkpoint(path)
+    assert torch.equal(loaded.tensors["model"]["w"], torch.zeros(2))

@@ -1,0 +1,27 @@
+"""Module ``__getattr__`` for the shell: PerforatedAI names perfora lacks raise a clear error."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable, Mapping
+
+from .errors import CompatNameError
+
+
+def missing_name_hook(module: str, public: list[str],
+                      hints: Mapping[str, str]) -> Callable[[str], object]:
+    """A module-level ``__getattr__`` raising CompatNameError (an AttributeError) for ``name``."""
+
+    def __getattr__(name: str) -> object:
+        if name.startswith("__"):
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        hint = hints.get(name)
+        close = difflib.get_close_matches(name, public, n=1, cutoff=0.6)
+        text = f"{module}.{name} is a PerforatedAI name that perfora does not provide"
+        if hint:
+            text += f": {hint}"
+        elif close:
+            text += f"; did you mean {module}.{close[0]}?"
+        raise CompatNameError(text)
+
+    return __getattr__

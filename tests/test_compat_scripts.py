@@ -1,0 +1,120 @@
+"""Scripts written for the PerforatedAI API, following the seed's recipes literally, run on
+perfora with only the two imports swapped (tests/compat_scripts/), in real subprocesses.
+
+Single process to training_complete; the seed's restart workflow (exit after each
+restructure, reload the highest switch_N) giving the same model as an uninterrupted run;
+DataParallel with the --perforate_model_parallel initialization run (test_compat.py
+covers DataParallel without it).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file
+from torch import nn
+
+from perfora import dendritic_layers
+from perfora.compat import globals_perforatedai as GPA
+from perfora.compat import utils_perforatedai as UPA
+from perfora.compat.tracker import COMPLETE_MARKER, SETTINGS_FILE
+
+SCRIPTS = Path(__file__).parent / "compat_scripts"
+TIMEOUT = 120
+
+
+def run(script: str, cwd: Path, *args: str) -> tuple[int, str, dict | None]:
+    """Run a compat script (stdin closed: nothing may prompt); returns rc, output, last JSON."""
+    proc = subprocess.run([sys.executable, str(SCRIPTS / script), *args], cwd=cwd,
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                          timeout=TIMEOUT)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    return proc.returncode, out, json.loads(lines[-1]) if lines else None
+
+
+def assert_safetensors(path: Path) -> None:
+    with safe_open(str(path), framework="pt") as handle:
+        assert any(k.startswith("model/") for k in handle.keys()), path
+
+
+def build_like_scripts() -> nn.Module:
+    return nn.Sequential(nn.Linear(8, 6), nn.ReLU(), nn.Linear(6, 3))
+
+
+def reload_best(folder: Path, probe_seed: int) -> torch.Tensor:
+    """A fresh model, perforated and loaded with the seed's calls: outputs on the probe."""
+    GPA.reset()
+    GPA.pc.set_testing_dendrite_capacity(False)
+    try:
+        model = UPA.perforate_model(build_like_scripts(), save_name=str(folder / "reload"))
+        model = UPA.load_system(model, str(folder), "best_model", True)
+        gen = torch.Generator().manual_seed(probe_seed)
+        torch.randn(384, 8, generator=gen)  # the scripts draw the data first, then the probe
+        probe = torch.randn(16, 8, generator=gen)
+        with torch.no_grad():
+            return model(probe), {layer.num_dendrites
+                                  for layer in dendritic_layers(model).values()}
+    finally:
+        GPA.reset()
+
+
+@pytest.mark.timeout(300)
+def test_single_process_script_reaches_complete_and_restart_workflow_matches(tmp_path):
+    _, _, result = run("seed_single.py", tmp_path, "--save_name", "RUN")
+    assert result["complete"] and result["restructures"] >= 1
+    folder = tmp_path / "RUN"
+    switches = sorted(folder.glob("switch_*.pt"))
+    assert len(switches) == result["restructures"]
+    for path in [*switches, folder / "best_model.pt", folder / "latest.pt"]:
+        assert_safetensors(path)
+    assert (folder / COMPLETE_MARKER).is_file()
+    final = load_file(str(folder / "final_outputs.safetensors"))["out"]
+    reloaded, dendrites = reload_best(folder, probe_seed=1)
+    assert torch.equal(reloaded, final) and dendrites == {result["dendrites"]}
+
+    # the seed's restart workflow: exit after each restructure, restart from the highest
+    # switch_N (what `perfora launch` automates), until the marker file appears
+    attempts, args = 0, ["--save_name", "RST", "--exit_on_restructure"]
+    while not (tmp_path / "RST" / COMPLETE_MARKER).exists():
+        attempts += 1
+        assert attempts <= 6, "the restart workflow did not finish"
+        _, out, _ = run("seed_single.py", tmp_path, *args)
+        if attempts > 1:
+            assert "Loaded PAI state from RST/switch_" in out
+        args = ["--save_name", "RST", "--exit_on_restructure", "--pai_load_folder", "RST"]
+    assert attempts == result["restructures"] + 1
+    resumed = load_file(str(tmp_path / "RST" / "final_outputs.safetensors"))["out"]
+    assert torch.equal(resumed, final)  # resumed == uninterrupted, bit for bit
+
+
+@pytest.mark.timeout(300)
+def test_dataparallel_two_step_recipe(tmp_path):
+    _, out, _ = run("seed_dataparallel.py", tmp_path, "--save_name", "DP",
+                    "--perforate_model_parallel")
+    assert "Initialization complete" in out
+    folder = tmp_path / "DP"
+    saved = json.loads((folder / SETTINGS_FILE).read_text())
+    assert saved["settings"]["switch_mode"] == GPA.pc.DOING_FIXED_SWITCH
+    assert saved["settings"]["fixed_switch_num"] == 3
+    assert saved["layers"] == {"0": {"neurons": 6, "dendrites": 0},
+                               "2": {"neurons": 3, "dendrites": 0}}
+    assert not list(folder.glob("*.pt"))  # it stopped after the first batch
+
+    _, out, result = run("seed_dataparallel.py", tmp_path, "--save_name", "DP")
+    assert result["complete"] and result["restructures"] >= 1
+    assert result["wrapper"] == "DataParallel"
+    assert "settings changed" not in out
+    assert (folder / COMPLETE_MARKER).is_file()
+    for path in [*folder.glob("switch_*.pt"), folder / "best_model.pt", folder / "latest.pt"]:
+        assert_safetensors(path)
+    final = load_file(str(folder / "final_outputs.safetensors"))["out"]
+    reloaded, dendrites = reload_best(folder, probe_seed=2)
+    assert torch.equal(reloaded, final) and dendrites == {result["dendrites"]}
