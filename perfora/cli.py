@@ -1,4 +1,4 @@
-"""The `perfora` command line: `perfora demo`."""
+"""The `perfora` command line: `perfora demo`, `perfora launch`."""
 
 from __future__ import annotations
 
@@ -25,6 +25,24 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _launch(args: argparse.Namespace) -> int:
+    from .distributed.launch import LaunchSettings, launch
+    from .errors import ConfigError
+
+    script_args = list(args.script_args)
+    if script_args[:1] == ["--"]:
+        script_args = script_args[1:]
+    try:
+        settings = LaunchSettings(
+            script=args.script, script_args=script_args, nproc_per_node=args.nproc_per_node,
+            save_name=args.save_name, init=args.init, max_failures=args.max_failures,
+            max_restarts=args.max_restarts, attempt_timeout=args.attempt_timeout)
+    except ConfigError as exc:
+        print(f"perfora launch: error: {exc}", file=sys.stderr)
+        return 2
+    return launch(settings).exit_code
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="perfora", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -38,6 +56,32 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--max-dendrites", type=int, default=3, help="cap on dendrite sets")
     demo.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     demo.set_defaults(func=_demo)
+
+    launch = sub.add_parser(
+        "launch", help="run a training script under torchrun, restarting it after restructures",
+        description="Run SCRIPT under torchrun (a fresh standalone rendezvous per attempt) with "
+                    "--pai_load_folder NAME, and start it again each time it exits 0 without "
+                    "writing NAME/.training_complete (it exited after a restructure) or fails "
+                    "(up to --max-failures). Options after SCRIPT go to the script.")
+    launch.add_argument("--nproc-per-node", "--nproc_per_node", type=int, required=True,
+                        metavar="N", help="processes (ranks) per attempt")
+    launch.add_argument("--save-name", default="PAI", metavar="NAME",
+                        help="run folder the script writes switch_N checkpoints to and "
+                             "resumes from (default PAI)")
+    launch.add_argument("--init", action="store_true",
+                        help="first run the script once in one process with "
+                             "--perforate_model_parallel (the seed's initialization run)")
+    launch.add_argument("--max-failures", type=int, default=3, metavar="F",
+                        help="failed attempts (non-zero exit) to restart before giving up "
+                             "(default 3)")
+    launch.add_argument("--max-restarts", type=int, default=100, metavar="R",
+                        help="restarts after restructures before giving up (default 100)")
+    launch.add_argument("--attempt-timeout", type=float, default=None, metavar="SECONDS",
+                        help="stop an attempt that runs longer and count it as a failure")
+    launch.add_argument("script", help="the training script (.py)")
+    launch.add_argument("script_args", nargs=argparse.REMAINDER,
+                        help="arguments for the script")
+    launch.set_defaults(func=_launch)
     return parser
 
 
