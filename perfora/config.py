@@ -56,7 +56,17 @@ class PerforaConfig:
     dendrite_init_scale: float = 1.0
     """Multiplier on the initial dendrite weights."""
     rule: str = "gd"
-    """Learning rule: 'gd' (dendrites and neurons co-train by backprop)."""
+    """Learning rule: 'gd' (dendrites and neurons co-train by backprop) or 'correlation'
+    (after each addition a dendrite phase trains only the new dendrites, to correlate with
+    their neuron's error; then neurons and ``v`` train with the dendrites frozen)."""
+    correlation_patience: int = 3
+    """Correlation rule: dendrite-phase epochs without a gain of ``correlation_threshold`` in
+    the mean correlation score before the new dendrites are frozen."""
+    correlation_threshold: float = 0.01
+    """Correlation rule: relative gain of the mean correlation score that counts as progress."""
+    correlation_max_epochs_ratio: float = 1.0
+    """Correlation rule: cap on a dendrite phase, as a fraction of the neuron phase before it
+    (at least 1 epoch)."""
     seed: int = 0
     """Seed of the generator that draws new dendrite weights (identical on every rank)."""
     save_checkpoints: bool = True
@@ -107,6 +117,16 @@ class PerforaConfig:
         from .rules import available_rules  # late import: rules import config
 
         _check_choice(self, "rule", available_rules())
+        _check_int(self, "correlation_patience", minimum=1)
+        self.correlation_threshold = _nonneg_float("correlation_threshold",
+                                                   self.correlation_threshold)
+        ratio = self.correlation_max_epochs_ratio
+        if (isinstance(ratio, bool) or not isinstance(ratio, int | float)
+                or not math.isfinite(ratio) or ratio <= 0):
+            raise ConfigError(f"correlation_max_epochs_ratio must be a positive finite number "
+                              f"(e.g. 1.0: a dendrite phase at most as long as the neuron "
+                              f"phase before it), got {ratio!r}")
+        self.correlation_max_epochs_ratio = float(ratio)
         _check_int(self, "seed", minimum=0)
         _check_bool(self, "save_checkpoints")
         _check_int(self, "latest_every", minimum=1)

@@ -11,6 +11,14 @@ evaluated slice by slice of that tensor: measured, this is as fast as one wide k
 at large batch: no K-sized zero-filled gradient buffers) and keeps growth bit-exact, which a
 wider GEMM does not (it may round the old columns differently).
 A new dendrite starts with zero ``v`` and ``w`` rows, so growth leaves the output unchanged.
+
+A learning rule may train the newest dendrite apart (the correlation rule's *candidate*):
+:meth:`DendriticLayer.split_candidate` moves it out of the bank into parameters of its own,
+so it can train while the bank stays frozen, and :meth:`DendriticLayer.merge_candidate`
+puts it back, bit for bit. The candidate gets ``x.detach()`` and the detached outputs of the
+older dendrites, is not added to the output (its ``v`` row is zero), and is handed with the
+output to the rule's ``candidate_tap``, which gives it a gradient of its own. The state dict
+always holds the merged form, so checkpoints do not depend on the split.
 """
 
 from __future__ import annotations
@@ -30,7 +38,8 @@ _ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "relu": F.relu,
 }
 _CONV_TYPES = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
-PARAM_GROUPS = ("base", "bank", "cascade", "out")
+PARAM_GROUPS = ("base", "bank", "cascade", "out", "candidate")
+_CANDIDATE_NAMES = ("candidate_weight", "candidate_bias", "candidate_cascade")
 
 
 def bank_kind(module: nn.Module) -> str:
@@ -75,9 +84,14 @@ class DendriticLayer(nn.Module):
         self.num_dendrites = 0
         self._trainable = dict.fromkeys(PARAM_GROUPS, True)
         # Parameters exist only when K > 0, so no tensor is ever left without a gradient.
-        for name in ("bank_weight", "bank_bias", "cascade", "out_weight"):
+        for name in ("bank_weight", "bank_bias", "cascade", "out_weight", *_CANDIDATE_NAMES):
             self.register_parameter(name, None)
         self.bank_params = nn.ParameterDict()
+        self.candidate_params = nn.ParameterDict()
+        self.has_candidate = False
+        # set by a learning rule: (output, candidate output) -> output, identity in forward
+        self.candidate_tap: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+        self.register_state_dict_post_hook(_merged_state_hook)
 
     # ------------------------------------------------------------------ structure
     @property
@@ -115,6 +129,7 @@ class DendriticLayer(nn.Module):
         ref = self._reference()
         k, n = int(num_dendrites), self.num_neurons
         self.num_dendrites = k
+        self._drop_candidate()
         kw = {"device": ref.device, "dtype": ref.dtype}
         if k == 0:
             self.bank_weight = self.bank_bias = self.cascade = self.out_weight = None
@@ -136,7 +151,11 @@ class DendriticLayer(nn.Module):
 
     def grow(self, generator: torch.Generator | None = None, init: str = "default",
              scale: float = 1.0) -> None:
-        """Add one dendrite with fresh random weights and zero v/w rows (output unchanged)."""
+        """Add one dendrite with fresh random weights and zero v/w rows (output unchanged).
+
+        A pending candidate is merged into the bank first."""
+        if self.has_candidate:
+            self.merge_candidate()
         ref = self._reference()
         k, n = self.num_dendrites, self.num_neurons
         kw = {"device": ref.device, "dtype": ref.dtype}
@@ -151,10 +170,10 @@ class DendriticLayer(nn.Module):
                     for key, t in new.items()})
             else:
                 self.bank_weight = self._new_param(
-                    self._append_rows(self.bank_weight, new["weight"]), "bank")
+                    self._append_rows(self.bank_weight, new["weight"], k), "bank")
                 if "bias" in new:
                     self.bank_bias = self._new_param(
-                        self._append_rows(self.bank_bias, new["bias"]), "bank")
+                        self._append_rows(self.bank_bias, new["bias"], k), "bank")
             if k >= 1:
                 rows = torch.zeros(k, n, **kw)
                 prev = self.cascade.detach() if self.cascade is not None else None
@@ -169,11 +188,12 @@ class DendriticLayer(nn.Module):
     def _groups(self) -> int:
         return int(getattr(self.source, "groups", 1)) if self.kind == "conv" else 1
 
-    def _append_rows(self, bank: torch.Tensor | None, rows: torch.Tensor) -> torch.Tensor:
-        """Append one dendrite's rows to the bank, keeping conv groups contiguous."""
+    def _append_rows(self, bank: torch.Tensor | None, rows: torch.Tensor,
+                     k: int) -> torch.Tensor:
+        """Append one dendrite's rows to a bank of k, keeping conv groups contiguous."""
         if bank is None:
-            return rows.clone()
-        g, k = self._groups(), self.num_dendrites
+            return rows.detach().clone()
+        g = self._groups()
         per = rows.shape[0] // g
         old = bank.detach().reshape(g, k, per, *rows.shape[1:])
         new = rows.reshape(g, 1, per, *rows.shape[1:])
@@ -199,9 +219,110 @@ class DendriticLayer(nn.Module):
             out[key] = (t * scale).to(device=ref.device, dtype=ref.dtype)
         return out
 
+    # ------------------------------------------------------------------ candidate
+    @property
+    def banked(self) -> int:
+        """Dendrites in the bank (all of them, less a candidate trained apart)."""
+        return self.num_dendrites - int(self.has_candidate)
+
+    def split_candidate(self) -> None:
+        """Move the newest dendrite out of the bank into candidate parameters of its own.
+
+        Its ``v`` row must still be zero: it stays in ``out_weight`` (unused while apart, so
+        the parameter count does not change). :meth:`merge_candidate` undoes this exactly.
+        """
+        if self.has_candidate:
+            return
+        k = self.num_dendrites
+        if k == 0:
+            raise ConversionError("split_candidate() on a layer without dendrites; grow one "
+                                  "first")
+        if bool(self.out_weight[k - 1].detach().ne(0).any()):
+            raise ConversionError("split_candidate(): the newest dendrite already feeds the "
+                                  "output (nonzero v row); a candidate must be split right "
+                                  "after grow(), before v trains")
+        with torch.no_grad():
+            if self.kind == "generic":
+                old = {key: p.detach() for key, p in self.bank_params.items()}
+                self.bank_params = nn.ParameterDict(
+                    {key: self._new_param(t[:k - 1].clone(), "bank") for key, t in old.items()}
+                    if k > 1 else {})
+                self.candidate_params = nn.ParameterDict(
+                    {key: self._new_param(t[k - 1].clone(), "candidate")
+                     for key, t in old.items()})
+            else:
+                for bank, cand in (("bank_weight", "candidate_weight"),
+                                   ("bank_bias", "candidate_bias")):
+                    t = getattr(self, bank)
+                    if t is None:
+                        continue
+                    rows = t.detach().reshape(self._groups(), k, -1, *t.shape[1:])
+                    setattr(self, bank, None if k == 1 else self._new_param(
+                        rows[:, :k - 1].reshape(-1, *t.shape[1:]).clone(), "bank"))
+                    setattr(self, cand, self._new_param(
+                        rows[:, k - 1].reshape(-1, *t.shape[1:]).clone(), "candidate"))
+            if k >= 2:
+                rows, old_pairs = self.cascade.detach(), (k - 1) * (k - 2) // 2
+                self.candidate_cascade = self._new_param(rows[old_pairs:].clone(), "candidate")
+                self.cascade = (self._new_param(rows[:old_pairs].clone(), "cascade")
+                                if old_pairs else None)
+        self.has_candidate = True
+
+    def merge_candidate(self) -> None:
+        """Put the candidate back into the bank as the newest dendrite (exact)."""
+        if not self.has_candidate:
+            return
+        merged = self._merged_tensors()
+        if self.kind == "generic":
+            cut = len("bank_params.")
+            self.bank_params = nn.ParameterDict(
+                {name[cut:]: self._new_param(t, "bank") for name, t in merged.items()
+                 if name.startswith("bank_params.")})
+        else:
+            self.bank_weight = self._new_param(merged["bank_weight"], "bank")
+            if "bank_bias" in merged:
+                self.bank_bias = self._new_param(merged["bank_bias"], "bank")
+        if "cascade" in merged:
+            self.cascade = self._new_param(merged["cascade"], "cascade")
+        self._drop_candidate()
+
+    def _drop_candidate(self) -> None:
+        for name in _CANDIDATE_NAMES:
+            setattr(self, name, None)
+        self.candidate_params = nn.ParameterDict()
+        self.has_candidate = False
+
+    def _merged_tensors(self) -> dict[str, torch.Tensor]:
+        """Bank and cascade with the candidate merged back (new tensors, by local name)."""
+        k = self.banked
+        out: dict[str, torch.Tensor] = {}
+        with torch.no_grad():
+            if self.kind == "generic":
+                for key, c in self.candidate_params.items():
+                    row = c.detach().unsqueeze(0)
+                    out[f"bank_params.{key}"] = (
+                        torch.cat([self.bank_params[key].detach(), row])
+                        if key in self.bank_params else row.clone())
+            else:
+                out["bank_weight"] = self._append_rows(self.bank_weight,
+                                                       self.candidate_weight.detach(), k)
+                if self.candidate_bias is not None:
+                    out["bank_bias"] = self._append_rows(self.bank_bias,
+                                                         self.candidate_bias.detach(), k)
+            if k >= 1:
+                rows = self.candidate_cascade.detach()
+                out["cascade"] = (rows.clone() if self.cascade is None
+                                  else torch.cat([self.cascade.detach(), rows]))
+        return out
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:
+        # the stored form is always merged: a load ends a candidate split (rules redo it)
+        self.merge_candidate()
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
     # ------------------------------------------------------------------ training
     def set_trainable(self, **groups: bool) -> None:
-        """Set requires_grad per group: base, bank, cascade, out (v)."""
+        """Set requires_grad per group: base, bank, cascade, out (v), candidate."""
         for group, flag in groups.items():
             if group not in PARAM_GROUPS:
                 raise ValueError(f"unknown parameter group {group!r}; use {PARAM_GROUPS}")
@@ -210,7 +331,7 @@ class DendriticLayer(nn.Module):
                 p.requires_grad_(bool(flag))
 
     def group_parameters(self, group: str) -> list[nn.Parameter]:
-        """The parameters of one group (base, bank, cascade, out)."""
+        """The parameters of one group (base, bank, cascade, out, candidate)."""
         if group == "base":
             return list(self.base.parameters())
         if group == "bank":
@@ -221,12 +342,16 @@ class DendriticLayer(nn.Module):
             return [self.cascade] if self.cascade is not None else []
         if group == "out":
             return [self.out_weight] if self.out_weight is not None else []
+        if group == "candidate":
+            if self.kind == "generic":
+                return list(self.candidate_params.values())
+            return [p for p in (getattr(self, n) for n in _CANDIDATE_NAMES) if p is not None]
         raise ValueError(f"unknown parameter group {group!r}; use {PARAM_GROUPS}")
 
     # ------------------------------------------------------------------ forward
     def _dendrite_weights(self) -> tuple[list, list]:
         """Each dendrite's (weight, bias): views of the bank, copies only for grouped convs."""
-        k, g = self.num_dendrites, self._groups()
+        k, g = self.banked, self._groups()
         bias = self.bank_bias
         if k == 1:
             return [self.bank_weight], [bias]
@@ -247,7 +372,7 @@ class DendriticLayer(nn.Module):
         own call on its slice of it: D_k(x) then has the same shapes, hence the same bits,
         whatever K is (exact growth), and no buffer K times a feature map is allocated.
         """
-        k = self.num_dendrites
+        k = self.banked
         if self.kind in ("linear", "conv"):
             w, b = self._dendrite_weights()
             if self.kind == "linear":
@@ -270,18 +395,29 @@ class DendriticLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         y = self.base(x, *args, **kwargs)
-        k = self.num_dendrites
-        if k == 0:
+        if self.num_dendrites == 0:
             return y
         if args or kwargs:
             raise ConversionError("a DendriticLayer with dendrites takes one tensor input; "
                                   "wrap a module that maps one tensor to one tensor")
-        act = _ACTIVATIONS[self.activation]
         shape = self._neuron_shape(y.ndim)
+        out, dendrites = self._mix(x, y, shape) if self.banked else (y, [])
+        if self.has_candidate and self.candidate_tap is not None and torch.is_grad_enabled() \
+                and any(p.requires_grad for p in self.group_parameters("candidate")):
+            out = self.candidate_tap(out, self._candidate_output(x, dendrites, shape))
+        return out
+
+    def _mix(self, x: torch.Tensor, y: torch.Tensor,
+             shape: list[int]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """y + sum_k v[k] * d_k over the banked dendrites, and the d_k themselves."""
+        act = _ACTIVATIONS[self.activation]
         pre = self._bank_outputs(x)
+        k = len(pre)
+        v_rows = self.out_weight[:k] if self.has_candidate else self.out_weight
         if k == 1:  # no cascade: y + v * act(D(x)) in two kernels
-            return torch.addcmul(y, self.out_weight.view(shape), act(pre[0]))
-        v = self.out_weight.view(k, *shape).unbind(0)
+            d = act(pre[0])
+            return torch.addcmul(y, v_rows.view(shape), d), [d]
+        v = v_rows.view(k, *shape).unbind(0)
         w = self.cascade.view(-1, *shape).unbind(0)
         dendrites: list[torch.Tensor] = []
         out, row = y, 0
@@ -292,12 +428,42 @@ class DendriticLayer(nn.Module):
             d = act(a)
             dendrites.append(d)
             out = torch.addcmul(out, v[i], d)
-        return out
+        return out, dendrites
+
+    def _candidate_output(self, x: torch.Tensor, dendrites: list[torch.Tensor],
+                          shape: list[int]) -> torch.Tensor:
+        """The candidate's d from detached inputs: no error reaches the rest of the network."""
+        xd = x.detach()
+        if self.kind == "linear":
+            a = F.linear(xd, self.candidate_weight, self.candidate_bias)
+        elif self.kind == "conv":
+            a = self.source._conv_forward(xd, self.candidate_weight, self.candidate_bias)
+        else:
+            params = {name: self.candidate_params[_key(name)] for name in self._generic_names()}
+            a = torch.func.functional_call(self.source, params, (xd,))
+        if dendrites:
+            w = self.candidate_cascade.view(-1, *shape).unbind(0)
+            for j, d in enumerate(dendrites):
+                a = torch.addcmul(a, w[j], d.detach())
+        return _ACTIVATIONS[self.activation](a)
 
     def extra_repr(self) -> str:
         return (f"neurons={self.num_neurons}, axis={self.neuron_axis}, "
                 f"dendrites={self.num_dendrites}, activation={self.activation}, "
-                f"bank={self.kind}")
+                f"bank={self.kind}{', candidate apart' if self.has_candidate else ''}")
+
+
+def _merged_state_hook(module: DendriticLayer, state_dict: dict, prefix: str,
+                       local_metadata: dict) -> None:
+    """state_dict post-hook: a layer with a candidate apart saves the merged bank."""
+    if not module.has_candidate:
+        return
+    apart = (*_CANDIDATE_NAMES, "candidate_params")
+    for key in [k for k in state_dict if k.startswith(prefix)]:
+        if key[len(prefix):].split(".", 1)[0] in apart:
+            del state_dict[key]
+    for name, tensor in module._merged_tensors().items():
+        state_dict[prefix + name] = tensor
 
 
 def _key(name: str) -> str:

@@ -82,8 +82,9 @@ class RunReport:
         matplotlib.use("Agg", force=False)
         from matplotlib.figure import Figure
 
-        fig = Figure(figsize=(11, 7), dpi=90)
-        axes = fig.subplots(2, 2)
+        rule_keys = sorted({k for r in history for k in r if k.startswith("rule/")})
+        fig = Figure(figsize=(16 if rule_keys else 11, 7), dpi=90)
+        axes = fig.subplots(2, 3 if rule_keys else 2)
         epochs = [r["epoch"] for r in history]
 
         def series(key: str) -> list[float]:
@@ -115,6 +116,13 @@ class RunReport:
         axes[1][0].set_title("parameters")
         axes[1][1].plot(epochs, series("seconds"), color="tab:gray")
         axes[1][1].set_title("epoch time (s)")
+        if rule_keys:
+            panel = axes[0][2]
+            for key in rule_keys:
+                panel.plot(epochs, series(key), marker=".", lw=0.8, label=key[5:])
+            panel.set_title("correlation (dendrite phases)")
+            panel.legend(fontsize=7)
+            axes[1][2].axis("off")
         for a in (axes[0][1], axes[1][0], axes[1][1]):
             a.set_xlabel("epoch")
         fig.tight_layout()

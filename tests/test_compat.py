@@ -147,7 +147,7 @@ def test_bad_and_unsupported_values_are_errors_naming_the_setting():
         GPA.pc.set_using_safe_tensors(False)
     GPA.pc.set_using_safe_tensors(True)  # the default is fine
     with pytest.raises(ConfigError, match="not supported"):
-        GPA.pc.set_perforated_backpropagation(True)
+        GPA.pc.set_global_candidates(4)
     with pytest.raises(ConfigError, match="pai_forward_function"):
         GPA.pc.set_pai_forward_function(torch.exp)
     GPA.pc.set_unwrapped_modules_confirmed(True)  # accepted: perfora never asks anyway
@@ -419,3 +419,13 @@ def test_load_system_after_setup_optimizer_warns():
     GPA.pai_tracker.setup_optimizer(model, {"params": model.parameters(), "lr": 0.1})
     with pytest.warns(UserWarning, match="setup_optimizer again"):
         UPA.load_system(model, "RUN", "early", True)
+
+
+def test_perforated_backpropagation_selects_the_correlation_rule():
+    assert GPA.pc.to_config().rule == "gd"
+    GPA.pc.set_perforated_backpropagation(True)
+    try:
+        assert GPA.pc.get_perforated_backpropagation() is True
+        assert GPA.pc.to_config().rule == "correlation"
+    finally:
+        GPA.pc.set_perforated_backpropagation(False)

@@ -70,6 +70,7 @@ SETTINGS: dict[str, Spec] = {
     "retain_all_dendrites": Spec(False, "config"),
     "pai_forward_function": Spec(torch.sigmoid, "config"),
     "candidate_weight_initialization_multiplier": Spec(0.01, "config"),
+    "perforated_backpropagation": Spec(False, "config"),  # True: rule="correlation"
     # -- which modules get dendrites
     "modules_to_perforate": Spec([], "convert"),
     "module_names_to_perforate": Spec(
@@ -124,8 +125,6 @@ SETTINGS: dict[str, Spec] = {
     "global_candidates": Spec(1, "unsupported", "one dendrite set is added at a time"),
     "candidate_weight_init_by_main": Spec(False, "unsupported",
                                           "use candidate_weight_initialization_multiplier"),
-    "perforated_backpropagation": Spec(False, "unsupported",
-                                       "perfora's open learning rule is gradient descent"),
     "modules_to_replace": Spec([], "unsupported",
                                "replace modules yourself before UPA.perforate_model"),
     "replacement_modules": Spec([], "unsupported",
@@ -269,6 +268,7 @@ class PAISettings:
             "capacity_test": bool(v["testing_dendrite_capacity"]) and max_dendrites != 0,
             "activation": activation_name(v["pai_forward_function"]),
             "checkpoint_time_budget": None,  # latest.pt every epoch, as PerforatedAI
+            "rule": "correlation" if v["perforated_backpropagation"] else "gd",
         }
         if mode == DOING_NO_SWITCH:
             settings["n_epochs_to_switch"] = NEVER_COMPLETES

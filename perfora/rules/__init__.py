@@ -4,9 +4,11 @@ the :class:`LearningRule` interface, so a new rule plugs in without touching it.
 from __future__ import annotations
 
 from .base import LearningRule, RuleStep
+from .correlation import CorrelationRule
 from .gradient import GradientDescentRule
 
-_RULES: dict[str, type[LearningRule]] = {"gd": GradientDescentRule}
+_RULES: dict[str, type[LearningRule]] = {"gd": GradientDescentRule,
+                                         "correlation": CorrelationRule}
 
 
 def register_rule(name: str, rule_class: type[LearningRule]) -> None:
@@ -24,5 +26,5 @@ def make_rule(name: str, config) -> LearningRule:
     return _RULES[name](config)
 
 
-__all__ = ["LearningRule", "RuleStep", "GradientDescentRule", "register_rule",
+__all__ = ["LearningRule", "RuleStep", "GradientDescentRule", "CorrelationRule", "register_rule",
            "available_rules", "make_rule"]

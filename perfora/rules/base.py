@@ -34,6 +34,9 @@ class LearningRule:
         self.config = config
         self.phase = self.neuron_phase
 
+    def bind_model(self, model: Any) -> None:
+        """Give the rule the whole model (for parameters outside the wrapped layers)."""
+
     def apply(self, layers: Mapping[str, DendriticLayer]) -> None:
         """Set requires_grad on every layer for the current phase."""
         raise NotImplementedError
