@@ -26,3 +26,8 @@ __all__ = [
     "register_rule", "PerforaError", "ConfigError", "ScoreError", "OrderError",
     "ConversionError", "CheckpointError", "ShapeMismatchError",
 ]
+
+from . import distributed  # noqa: E402
+from .distributed import RankMismatchError, set_epoch, wrap_ddp  # noqa: E402
+
+__all__ += ["distributed", "RankMismatchError", "wrap_ddp", "set_epoch"]

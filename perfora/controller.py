@@ -13,6 +13,7 @@ import math
 import numbers
 import time
 import warnings
+import weakref
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -35,6 +36,8 @@ from .checkpoint import (
 from .config import PerforaConfig
 from .convert import layer_specs, rebuild_structure
 from .distributed import agree_on_scores, barrier, is_rank_zero
+from .distributed.fingerprint import check_same_structure
+from .distributed.wrappers import WrapperSpec, wrapper_spec
 from .errors import CheckpointError, ConversionError, OrderError, ScoreError
 from .layers import dendritic_layers, unwrap_model
 from .optim import (
@@ -137,7 +140,10 @@ def as_score(value: Any, what: str = "validation score") -> float:
 class GrowthController:
     """Decides, once per epoch, whether to keep training, add dendrites, or stop.
 
-    ``model`` must already be perforated (see :func:`perfora.perforate`). Settings come
+    ``model`` must already be perforated (see :func:`perfora.perforate`); it may be wrapped
+    in ``DistributedDataParallel`` or ``DataParallel``: then every decision that changes what
+    trains returns a new wrapper of the same kind, built with the same arguments, in
+    ``decision.model`` (use it from then on). Settings come
     from ``config`` and/or keyword arguments (``GrowthController(model, maximize=False)``).
     With ``run_dir`` the controller writes checkpoints, metrics.csv, best_arch_scores.csv,
     history.png and run.json there.
@@ -151,11 +157,14 @@ class GrowthController:
             config = config.replace(**settings)
         self.config = config
         self.model = model
+        self._wrapper: WrapperSpec | None = wrapper_spec(model)
+        self._retired: weakref.WeakSet[nn.Module] = weakref.WeakSet()  # replaced DDP wrappers
         layers = dendritic_layers(model)
         if not layers:
             raise ConversionError("the model has no dendritic layers: call "
                                   "perfora.perforate(model) before creating the controller")
         self.rule = make_rule(config.rule, config)
+        self.rule.bind_model(model)
         self.rule.apply(layers)
         self.state = ControllerState(num_dendrites=self._layer_dendrites())
         self.optimizer: torch.optim.Optimizer | None = None
@@ -252,7 +261,24 @@ class GrowthController:
                       "use set_optimizer(cls, **kwargs) and let perfora rebuild it)",
                       stacklevel=2)
 
+    def _adopt(self, model: nn.Module) -> None:
+        """Return ``model``'s kind from now on (the DDP wrapper, or the bare module)."""
+        if model is not self.model:
+            self.model = model
+            self._wrapper = wrapper_spec(model)
+
+    def _sync_structure(self) -> None:
+        """Check every rank has the same structure, then re-wrap DDP/DataParallel."""
+        check_same_structure(self.model)
+        if self._wrapper is not None:
+            if isinstance(self.model, nn.parallel.DistributedDataParallel):
+                self._retired.add(self.model)
+            inner = unwrap_model(self.model)
+            self.model = inner  # drop our reference to the old wrapper (and its buckets)
+            self.model = self._wrapper.wrap(inner)
+
     def _rebuild_after_change(self) -> None:
+        self._sync_structure()
         if self._optimizer_recipe is not None:
             self.build_optimizer()
         elif self._user_optimizer:
@@ -276,7 +302,9 @@ class GrowthController:
         scores written to metrics.csv and drawn in history.png. Under torch.distributed
         every rank must call this; the scores are averaged over ranks (weighted by
         ``weight``, e.g. the size of each rank's validation shard) so that every rank
-        takes the same decision.
+        takes the same decision. ``model``: the model you train with (its DDP/DataParallel
+        wrapper, or the bare module); after a restructure, ``decision.model`` is of the same
+        kind (a new wrapper built with the original arguments, or the bare module).
         """
         st = self.state
         if st.completed:
@@ -286,6 +314,14 @@ class GrowthController:
             raise OrderError("step() got a different model from the one this controller was "
                              "created with; pass the same model (or its DDP/DataParallel "
                              "wrapper)")
+        if model is not None and model in self._retired:
+            raise OrderError("step() got a DistributedDataParallel wrapper that perfora "
+                             "replaced at an earlier restructure: its gradient buckets do not "
+                             "cover the new dendrites, so the ranks may have diverged. After "
+                             "every decision with restructured=True (or complete=True) use "
+                             "decision.model and decision.optimizer")
+        if model is not None:
+            self._adopt(model)
         value = as_score(score)
         test = None if test_score is None else as_score(test_score, "test score")
         extras = {k: as_score(v, f"extra score {k!r}") for k, v in (extra or {}).items()}
@@ -390,6 +426,7 @@ class GrowthController:
         if rewind:
             self._rewind_to_best()
         self.state.completed = True
+        self._sync_structure()  # the rewind may have replaced parameters: fresh wrapper
         return COMPLETE, reason
 
     def _finish_step(self, row: dict[str, Any], action: str, reason: str,

@@ -29,3 +29,7 @@ class CheckpointError(PerforaError, RuntimeError):
 
 class ShapeMismatchError(CheckpointError):
     """A checkpoint does not fit the model it is loaded into."""
+
+
+class RankMismatchError(PerforaError, RuntimeError):
+    """Ranks disagree on the model's structure (dendrites, shapes or what trains)."""

@@ -23,6 +23,7 @@ from ..checkpoint import atomic_write_text
 from ..config import PerforaConfig
 from ..controller import GrowthController
 from ..distributed import is_rank_zero
+from ..distributed.launch import COMPLETE_MARKER
 from ..errors import ConfigError, OrderError
 from ..layers import dendritic_layers, unwrap_model
 from .errors import CompatNameError
@@ -32,7 +33,6 @@ from .wrappers import rewrap
 log = logging.getLogger("perfora")
 
 SETTINGS_FILE = "pai_tracker_settings.json"
-COMPLETE_MARKER = ".training_complete"
 
 _MISSING_HINTS = {
     "member_vars": "the controller's state is GPA.pai_tracker.controller.state",

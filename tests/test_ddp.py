@@ -1,0 +1,362 @@
+"""In-process restructure under DistributedDataParallel: 2 real CPU ranks (gloo, FileStore).
+
+Each test spawns two processes; a worker writes its results as JSON, the parent compares the
+ranks. Every test has a timeout (pytest-timeout and a join deadline), so a hang fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import perfora
+from perfora.distributed import RankMismatchError, wrap_ddp
+
+WORLD = 2
+JOIN_S = 90
+
+
+# ----------------------------------------------------------------------------- harness
+def _entry(rank: int, fn: Callable, tmp: str, args: tuple) -> None:
+    torch.set_num_threads(1)
+    store = dist.FileStore(os.path.join(tmp, "store"), WORLD)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=WORLD,
+                            timeout=timedelta(seconds=30))
+    try:
+        result = fn(rank, Path(tmp), *args)
+        Path(tmp, f"result_{rank}.json").write_text(json.dumps(result))
+        dist.barrier()
+        Path(tmp, f"done_{rank}").touch()  # every rank finished its work and its results
+    finally:
+        dist.destroy_process_group()
+
+
+def run_ranks(fn: Callable, tmp: Path, *args) -> list[dict]:
+    """Run ``fn(rank, tmp, *args)`` on 2 gloo ranks; each rank's JSON-able result."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    for old in [*tmp.glob("result_*.json"), *tmp.glob("done_*"), *tmp.glob("store")]:
+        old.unlink()
+    ctx = mp.start_processes(_entry, args=(fn, str(tmp), args), nprocs=WORLD, join=False,
+                             start_method="spawn")
+    deadline = time.monotonic() + JOIN_S
+    try:
+        while not ctx.join(timeout=1):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"ranks did not finish within {JOIN_S} s (hang?)")
+    except mp.ProcessExitedException:
+        # gloo occasionally aborts a process while it tears down, after every rank passed
+        # the final barrier ("terminate called without an active exception"); a crash
+        # before that point still fails the test
+        if not all(Path(tmp, f"done_{r}").exists() for r in range(WORLD)):
+            raise
+    finally:
+        for p in ctx.processes:
+            if p.is_alive():
+                p.kill()
+    return [json.loads(Path(tmp, f"result_{r}.json").read_text()) for r in range(WORLD)]
+
+
+# ----------------------------------------------------------------------------- workers
+def make_model(seed: int) -> nn.Module:
+    torch.manual_seed(seed)
+    return perfora.perforate(nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3)))
+
+
+def batch(rank: int, epoch: int, step: int, n: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1000 * epoch + 10 * step + rank)
+    return torch.randn(n, 6, generator=g), torch.randint(0, 3, (n,), generator=g)
+
+
+def train_epoch(model: nn.Module, opt: torch.optim.Optimizer, rank: int, epoch: int,
+                steps: int = 3) -> None:
+    model.train()
+    for step in range(steps):
+        x, y = batch(rank, epoch, step)
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+
+
+def max_rank_diff(model: nn.Module) -> float:
+    """Largest difference of any parameter between the ranks (0.0 when in sync)."""
+    flat = torch.cat([p.detach().reshape(-1) for p in perfora.unwrap_model(model).parameters()])
+    gathered = [torch.zeros_like(flat) for _ in range(WORLD)]
+    dist.all_gather(gathered, flat)
+    return max((g - gathered[0]).abs().max().item() for g in gathered)
+
+
+def counting_hook(state, bucket):  # no annotations: DDP checks them as real types
+    """A user's DDP comm hook: counts its calls, then all-reduces as usual."""
+    state["calls"] += 1
+    return default_hooks.allreduce_hook(None, bucket)
+
+
+def grow_and_train(rank: int, tmp: Path, rewrap: bool, use_helper: bool) -> dict:
+    """Ranks start from different weights and grow different dendrites (seed = rank)."""
+    model = make_model(seed=100 + rank)
+    hook_state = {"calls": 0}
+    ddp = (wrap_ddp(model, gradient_as_bucket_view=True, bucket_cap_mb=1,
+                    comm_hook=counting_hook, comm_state=hook_state) if use_helper
+           else DDP(model))
+    # a different seed per rank: the new dendrites differ, only DDP's broadcast fixes that
+    # negative control: the controller only sees the bare module, so it cannot re-wrap and
+    # the user's first DDP stays in use
+    watched = ddp if rewrap else model
+    first = ddp
+    ctl = perfora.GrowthController(watched, switch_mode="every_epoch", max_dendrites=3,
+                                   retain_all_dendrites=True, seed=rank)
+    ctl.set_optimizer(torch.optim.SGD, lr=0.1)
+    opt, _ = ctl.build_optimizer()
+    diffs, kinds, wrappers = [], [], []
+    for epoch in range(2):
+        train_epoch(ddp, opt, rank, epoch)
+        diffs.append(max_rank_diff(ddp))
+        decision = ctl.step(1.0, model=watched)
+        kinds.append(decision.action)
+        if decision.restructured:
+            wrappers.append(decision.model is not watched)
+            watched, opt = decision.model, decision.optimizer
+            ddp = watched if rewrap else ddp
+    calls_before = hook_state["calls"]
+    for epoch in range(2, 4):
+        train_epoch(ddp, opt, rank, epoch)
+    diffs.append(max_rank_diff(ddp))
+    out = {"diffs": diffs, "actions": kinds, "new_wrappers": wrappers,
+           "dendrites": ctl.num_dendrites, "is_ddp": isinstance(ddp, DDP)}
+    if rewrap:  # reporting with a replaced wrapper is an error, not silent divergence
+        try:
+            ctl.step(1.0, model=first)
+        except perfora.OrderError as exc:
+            out["stale_error"] = str(exc)
+    if use_helper:
+        out["bucket_view"] = ddp.gradient_as_bucket_view
+        out["bucket_bytes"] = ddp.bucket_bytes_cap
+        out["hook_calls_on_last_wrapper"] = hook_state["calls"] - calls_before
+    return out
+
+
+def uneven_shards(rank: int, tmp: Path) -> dict:
+    """Rank 0 validates on 30 samples, rank 1 on 10; decisions must still agree."""
+    model = make_model(seed=3)
+    ddp = DDP(model)
+    ctl = perfora.GrowthController(ddp, maximize=True, n_epochs_to_switch=2,
+                                   max_dendrites=2, max_dendrite_tries=1)
+    ctl.set_optimizer(torch.optim.SGD, lr=0.05)
+    opt, _ = ctl.build_optimizer()
+    n = 30 if rank == 0 else 10
+    local_scores, agreed, actions = [], [], []
+    for epoch in range(9):
+        train_epoch(ddp, opt, rank, epoch, steps=1)
+        # per-sample scores: rank 0's shard improves until epoch 4, rank 1's slowly worsens
+        g = torch.Generator().manual_seed(77 * epoch + rank)
+        base = 0.1 * min(epoch, 4) if rank == 0 else -0.001 * epoch
+        per_sample = base + 0.001 * torch.rand(n, generator=g)
+        local = per_sample.mean().item()
+        local_scores.append(local)
+        decision = ctl.step(local, model=ddp, weight=n)
+        agreed.append(ctl.state.history[-1]["val_score"])
+        actions.append(decision.action)
+        if decision.restructured or decision.complete:
+            ddp = decision.model
+            opt = decision.optimizer or opt
+        if decision.complete:
+            break
+    return {"local": local_scores, "agreed": agreed, "actions": actions,
+            "switch_epochs": ctl.state.switch_epochs, "diff": max_rank_diff(ddp)}
+
+
+def save_after_restructure(rank: int, tmp: Path) -> dict:
+    """Grow at epoch 2, save after epoch 3, then train 2 more epochs uninterrupted."""
+    model = make_model(seed=5)
+    ddp = DDP(model)
+    ctl = perfora.GrowthController(ddp, switch_mode="fixed", fixed_switch_num=2,
+                                   max_dendrites=3, retain_all_dendrites=True,
+                                   run_dir=tmp / "run")
+    ctl.set_optimizer(torch.optim.Adam, lr=0.01)
+    opt, _ = ctl.build_optimizer()
+    for epoch in range(3):
+        train_epoch(ddp, opt, rank, epoch)
+        decision = ctl.step(0.5 + epoch, model=ddp)
+        if decision.restructured:
+            ddp, opt = decision.model, decision.optimizer
+    if rank == 0:
+        ctl.save(tmp / "after_restructure.safetensors")
+    for epoch in range(3, 5):
+        train_epoch(ddp, opt, rank, epoch)
+    state = {k: v.tolist() for k, v in perfora.unwrap_model(ddp).state_dict().items()}
+    return {"state": state, "dendrites": ctl.num_dendrites,
+            "switch_epochs": ctl.state.switch_epochs}
+
+
+def resume(rank: int, tmp: Path) -> dict:
+    """A new process group: fresh model and DDP, load the checkpoint, train the same epochs."""
+    model = make_model(seed=999)  # other weights: everything must come from the checkpoint
+    ddp = DDP(model)
+    ctl = perfora.GrowthController(ddp, switch_mode="fixed", fixed_switch_num=2,
+                                   max_dendrites=3, retain_all_dendrites=True)
+    ctl.set_optimizer(torch.optim.Adam, lr=0.01)
+    decision = ctl.load(tmp / "after_restructure.safetensors")
+    fresh_wrapper = decision.model is not ddp and isinstance(decision.model, DDP)
+    ddp, opt = decision.model, decision.optimizer
+    for epoch in range(3, 5):
+        train_epoch(ddp, opt, rank, epoch)
+    state = {k: v.tolist() for k, v in perfora.unwrap_model(ddp).state_dict().items()}
+    return {"state": state, "dendrites": ctl.num_dendrites, "fresh_wrapper": fresh_wrapper,
+            "switch_epochs": ctl.state.switch_epochs, "diff": max_rank_diff(ddp)}
+
+
+def mismatch(rank: int, tmp: Path) -> dict:
+    """Rank 1 grows a layer by hand; the next restructure must raise, not hang."""
+    model = make_model(seed=0)
+    ddp = DDP(model)
+    ctl = perfora.GrowthController(ddp, switch_mode="every_epoch", max_dendrites=3,
+                                   retain_all_dendrites=True)
+    ctl.set_optimizer(torch.optim.SGD, lr=0.1)
+    if rank == 1:
+        perfora.dendritic_layers(model)["2"].grow(torch.Generator().manual_seed(0))
+    out: dict = {"error": None, "fsdp_error": None}
+    try:
+        ctl.step(1.0, model=ddp)
+    except RankMismatchError as exc:
+        out.update(error=str(exc), type=type(exc).__name__,
+                   is_perfora_error=isinstance(exc, perfora.PerforaError))
+    # until re-sharding exists, an FSDP2-sharded model is refused instead of letting new
+    # dendrites go unsharded and unsynchronized
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    sharded = make_model(seed=0)
+    fully_shard(sharded, mesh=init_device_mesh("cpu", (WORLD,)))
+    try:
+        perfora.GrowthController(sharded)
+    except perfora.ConversionError as exc:
+        out["fsdp_error"] = str(exc)
+    return out
+
+
+# ----------------------------------------------------------------------------- tests
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("use_helper", [False, True], ids=["user_ddp", "wrap_ddp"])
+def test_restructure_rewraps_and_ranks_stay_identical(tmp_path, use_helper):
+    results = run_ranks(grow_and_train, tmp_path, True, use_helper)
+    for r in results:
+        assert r["actions"][:2] == ["restructure", "restructure"]
+        assert r["dendrites"] == 2
+        assert r["new_wrappers"] == [True, True], "decision.model must be a new DDP wrapper"
+        assert r["is_ddp"]
+        # ranks started from different weights and drew different dendrites: DDP's
+        # broadcast at every (re-)wrap makes them identical, and training keeps them so
+        assert r["diffs"] == [0.0, 0.0, 0.0]
+        assert "use decision.model" in r["stale_error"]
+    if use_helper:  # the user's DDP arguments are kept on every new wrapper
+        assert all(r["bucket_view"] is True for r in results)
+        assert all(r["bucket_bytes"] == 2**20 for r in results)
+        assert all(r["hook_calls_on_last_wrapper"] > 0 for r in results)
+
+
+@pytest.mark.timeout(150)
+def test_negative_control_stale_wrapper_diverges(tmp_path):
+    results = run_ranks(grow_and_train, tmp_path, False, False)
+    diffs = results[0]["diffs"]
+    assert diffs[0] == 0.0  # before any growth the user's own DDP keeps the ranks in sync
+    # without the new wrapper the new dendrites are never synchronized: the check fails
+    assert diffs[-1] > 1e-4
+
+
+@pytest.mark.timeout(150)
+def test_uneven_validation_shards_restructure_in_the_same_epoch(tmp_path):
+    r0, r1 = run_ranks(uneven_shards, tmp_path)
+    assert r0["actions"] == r1["actions"]
+    assert r0["switch_epochs"] == r1["switch_epochs"] and r0["switch_epochs"]
+    # every rank saw the same score: the mean over all 40 samples (weights 30 and 10)
+    for a0, a1, l0, l1 in zip(r0["agreed"], r1["agreed"], r0["local"], r1["local"]):
+        assert a0 == a1
+        assert a0 == pytest.approx((30 * l0 + 10 * l1) / 40, rel=1e-12)
+    assert r0["diff"] == 0.0
+    # and the check means something: from its own scores alone, rank 1 (flat) would have
+    # restructured at another epoch than rank 0 (improving)
+    local_switches = []
+    for r in (r0, r1):
+        ctl = perfora.GrowthController(make_model(3), maximize=True, n_epochs_to_switch=2,
+                                       max_dendrites=2, max_dendrite_tries=1)
+        for s in r["local"]:
+            if ctl.step(s).complete:
+                break
+        local_switches.append(ctl.state.switch_epochs)
+    assert local_switches[0] != local_switches[1]
+
+
+@pytest.mark.timeout(200)
+def test_checkpoint_after_restructure_resumes_in_new_process_group(tmp_path):
+    first = run_ranks(save_after_restructure, tmp_path / "a")
+    (tmp_path / "a" / "after_restructure.safetensors").rename(
+        tmp_path / "after_restructure.safetensors")
+    resumed = run_ranks(resume, tmp_path)
+    assert first[0]["switch_epochs"] == [2] and first[0]["dendrites"] == 1
+    assert (tmp_path / "a" / "run" / "switch_1.safetensors").is_file()  # rank 0 wrote it
+    for r in range(WORLD):
+        assert resumed[r]["fresh_wrapper"]
+        assert resumed[r]["dendrites"] == 1
+        assert resumed[r]["switch_epochs"] == [2]
+        assert resumed[r]["state"] == first[r]["state"], "resumed run differs from the " \
+            "uninterrupted one"
+    assert resumed[0]["diff"] == 0.0
+
+
+@pytest.mark.timeout(150)
+def test_structure_mismatch_raises_on_every_rank_without_hanging(tmp_path):
+    """Also: an FSDP-sharded model is refused with a clear error."""
+    results = run_ranks(mismatch, tmp_path)
+    for r in results:
+        assert r["type"] == "RankMismatchError" and r["is_perfora_error"]
+        assert "layer '2' has 1 dendrite(s) on rank 0 and 2 on rank 1" in r["error"]
+        assert "same epoch" in r["error"]
+        assert "FSDP" in r["fsdp_error"] and "wrap_ddp" in r["fsdp_error"]
+
+
+def correlation_phases(rank: int, tmp: Path) -> dict:
+    """The correlation rule's phase switches also get a new wrapper; ranks stay identical."""
+    model = make_model(seed=100 + rank)
+    ddp = DDP(model)
+    ctl = perfora.GrowthController(ddp, rule="correlation", switch_mode="fixed",
+                                   fixed_switch_num=1, correlation_patience=1,
+                                   max_dendrites=2, retain_all_dendrites=True)
+    ctl.set_optimizer(torch.optim.SGD, lr=0.1)
+    opt, _ = ctl.build_optimizer()
+    actions, phases, new_wrapper, diffs = [], [], [], []
+    for epoch in range(6):
+        train_epoch(ddp, opt, rank, epoch)
+        diffs.append(max_rank_diff(ddp))
+        decision = ctl.step(1.0 + epoch, model=ddp)
+        actions.append(decision.action)
+        phases.append(decision.phase)
+        if decision.restructured:
+            new_wrapper.append(decision.model is not ddp and isinstance(decision.model, DDP))
+            ddp, opt = decision.model, decision.optimizer
+        if decision.complete:
+            break
+    train_epoch(ddp, opt, rank, 9)
+    diffs.append(max_rank_diff(ddp))
+    return {"actions": actions, "phases": phases, "new_wrapper": new_wrapper, "diffs": diffs}
+
+
+@pytest.mark.timeout(150)
+def test_correlation_phase_changes_rewrap_and_ranks_stay_identical(tmp_path):
+    r0, r1 = run_ranks(correlation_phases, tmp_path)
+    assert r0["actions"] == r1["actions"] and r0["phases"] == r1["phases"]
+    assert "phase_change" in r0["actions"] and "restructure" in r0["actions"]
+    assert "dendrite" in r0["phases"]
+    assert all(r0["new_wrapper"]) and all(r1["new_wrapper"])
+    assert set(r0["diffs"]) == {0.0}
