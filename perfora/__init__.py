@@ -28,6 +28,6 @@ __all__ = [
 ]
 
 from . import distributed  # noqa: E402
-from .distributed import RankMismatchError, set_epoch, wrap_ddp  # noqa: E402
+from .distributed import RankMismatchError, set_epoch, shard_fsdp2, wrap_ddp  # noqa: E402
 
-__all__ += ["distributed", "RankMismatchError", "wrap_ddp", "set_epoch"]
+__all__ += ["distributed", "RankMismatchError", "wrap_ddp", "shard_fsdp2", "set_epoch"]

@@ -37,6 +37,7 @@ from .config import PerforaConfig
 from .convert import layer_specs, rebuild_structure
 from .distributed import agree_on_scores, barrier, is_rank_zero
 from .distributed.fingerprint import check_same_structure
+from .distributed.fsdp import FSDP2Spec, full_state_dict
 from .distributed.wrappers import WrapperSpec, wrapper_spec
 from .errors import CheckpointError, ConversionError, OrderError, ScoreError
 from .layers import dendritic_layers, unwrap_model
@@ -157,12 +158,17 @@ class GrowthController:
             config = config.replace(**settings)
         self.config = config
         self.model = model
-        self._wrapper: WrapperSpec | None = wrapper_spec(model)
+        self._wrapper: WrapperSpec | FSDP2Spec | None = wrapper_spec(model)
+        self._full_cache: dict[str, torch.Tensor] | None = None  # FSDP2: gathered state
         self._retired: weakref.WeakSet[nn.Module] = weakref.WeakSet()  # replaced DDP wrappers
         layers = dendritic_layers(model)
         if not layers:
             raise ConversionError("the model has no dendritic layers: call "
                                   "perfora.perforate(model) before creating the controller")
+        if isinstance(self._wrapper, FSDP2Spec) and config.rule != "gd":
+            raise ConversionError(f"rule={config.rule!r} is not supported under FSDP2 yet (its "
+                                  "phase switches change parameters outside a restructure); "
+                                  "use rule='gd', or train under DDP (perfora.wrap_ddp)")
         self.rule = make_rule(config.rule, config)
         self.rule.bind_model(model)
         self.rule.apply(layers)
@@ -266,6 +272,28 @@ class GrowthController:
         if model is not self.model:
             self.model = model
             self._wrapper = wrapper_spec(model)
+
+    def _fsdp2(self) -> bool:
+        return isinstance(self._wrapper, FSDP2Spec)
+
+    def _unshard(self) -> None:
+        """FSDP2: swap the sharded model for an unsharded copy with the full state (collective)."""
+        if isinstance(self._wrapper, FSDP2Spec):
+            self.model = self._wrapper.unshard(self.model)
+            self.rule.bind_model(self.model)
+
+    def _model_state(self) -> dict[str, torch.Tensor]:
+        """The full model state; under FSDP2 a collective unless gathered for this write."""
+        if self._full_cache is not None:
+            return self._full_cache
+        inner = unwrap_model(self.model)
+        return full_state_dict(inner) if self._fsdp2() else inner.state_dict()
+
+    def _gather_for_write(self, due: bool = True) -> None:
+        """FSDP2: gather the full state on every rank before rank 0 writes a checkpoint."""
+        if due and self._fsdp2() and self.run_dir is not None and self.write_files \
+                and self.config.save_checkpoints:
+            self._full_cache = to_storable(full_state_dict(unwrap_model(self.model)))
 
     def _sync_structure(self) -> None:
         """Check every rank has the same structure, then re-wrap DDP/DataParallel."""
@@ -434,8 +462,11 @@ class GrowthController:
         st = self.state
         row["reason"] = reason if action != CONTINUE else ""
         st.history.append(row)
+        # FSDP2: the gather is a collective, so every rank decides alike (no time budget)
+        self._gather_for_write(action != CONTINUE or st.epoch % self.config.latest_every == 0)
         if self._writes():
             self._write_run_files(action, improved_best)
+        self._full_cache = None
         self._last_time = time.perf_counter()
         return Decision(action=action, reason=reason, model=self.model,
                         optimizer=self.optimizer, scheduler=self.scheduler, epoch=st.epoch,
@@ -444,12 +475,13 @@ class GrowthController:
     # ------------------------------------------------------------ growth
     def _snapshot_best(self) -> None:
         inner = unwrap_model(self.model)
-        self._best = (layer_specs(inner), to_storable(inner.state_dict()))
+        self._best = (layer_specs(inner), to_storable(self._model_state()))
 
     def _rewind_to_best(self) -> None:
         if self._best is None:
             return
         specs, weights = self._best
+        self._unshard()
         rebuild_structure(self.model, specs)
         load_state_into(self.model, weights, "the best-model snapshot")
         self.state.num_dendrites = self._layer_dendrites()
@@ -457,6 +489,7 @@ class GrowthController:
 
     def _grow(self) -> None:
         st = self.state
+        self._unshard()
         layers = self._layers()
         for index, (path, layer) in enumerate(sorted(layers.items())):
             seed = zlib.crc32(f"{self.config.seed}:{st.additions}:{index}:{path}".encode())
@@ -476,8 +509,10 @@ class GrowthController:
         if self.state.completed:
             raise OrderError("add_dendrites() after training completed")
         self._grow()
+        self._gather_for_write()
         if self._writes():
             self._write_checkpoint(f"switch_{len(self.state.switch_epochs)}")
+        self._full_cache = None
         return Decision(RESTRUCTURE, "added on request", self.model, self.optimizer,
                         self.scheduler, self.state.epoch, self.state.num_dendrites,
                         self.rule.phase)
@@ -493,7 +528,7 @@ class GrowthController:
             # since the last write pays for it (checkpoint_time_budget), so a tiny model is
             # not slowed down by writing every epoch and a big one still writes every epoch
             budget = cfg.checkpoint_time_budget
-            due = action != CONTINUE or (
+            due = self._full_cache is not None if self._fsdp2() else action != CONTINUE or (
                 st.epoch % cfg.latest_every == 0 and (
                     budget is None
                     or time.perf_counter() - self._last_write >= self._write_cost / budget))
@@ -512,10 +547,12 @@ class GrowthController:
 
     def finish(self) -> None:
         """Write the summary tables and graph now (also done at restructures and the end)."""
+        self._gather_for_write(bool(self.state.history))
         if self._writes():
             if self.config.save_checkpoints and self.state.history:
                 self._write_checkpoints(CONTINUE)
             self._write_summaries()
+        self._full_cache = None
 
     def checkpoint_path(self, name: str) -> Path:
         if self.run_dir is None:
@@ -553,7 +590,7 @@ class GrowthController:
 
         ``model_from_best``: the model tensors and structure are the best snapshot."""
         inner = unwrap_model(self.model)
-        tensors: dict[str, dict[str, torch.Tensor]] = {"model": inner.state_dict()}
+        tensors: dict[str, dict[str, torch.Tensor]] = {"model": self._model_state()}
         meta: dict[str, Any] = {"structure": layer_specs(inner), **self.state_dict(),
                                 "perfora_version": __version__}
         if model_from_best and self._best is not None:
@@ -561,7 +598,8 @@ class GrowthController:
         if self._best is not None:
             tensors["best"] = self._best[1]
             meta["best_structure"] = self._best[0]
-        if self.optimizer is not None:
+        # FSDP2: the optimizer's sharded moments are not saved (they restart on resume)
+        if self.optimizer is not None and not self._fsdp2():
             opt_tensors, opt_meta = split_optimizer_state(self.optimizer)
             tensors["optimizer"] = opt_tensors
             meta["optimizer"] = opt_meta
@@ -571,8 +609,12 @@ class GrowthController:
         return Checkpoint(tensors=tensors, meta=meta)
 
     def save(self, path: str | Path) -> None:
-        """Write a checkpoint atomically (safetensors + JSON; never pickle)."""
-        save_checkpoint(path, self.to_checkpoint())
+        """Write a checkpoint atomically (safetensors + JSON; never pickle).
+
+        Under FSDP2 call it on every rank: the full state is gathered, rank 0 writes."""
+        ckpt = self.to_checkpoint()
+        if not self._fsdp2() or is_rank_zero():
+            save_checkpoint(path, ckpt)
 
     def load(self, path_or_name: str | Path) -> Decision:
         """Resume from a checkpoint: structure, weights, controller, rule, optimizer state.
@@ -589,6 +631,7 @@ class GrowthController:
         if "controller" not in meta:
             raise CheckpointError(f"{path} holds a model but no controller state; use "
                                   "perfora.load_model() for weights only")
+        self._unshard()
         try:
             rebuild_structure(self.model, meta["structure"])
         except ConversionError as exc:

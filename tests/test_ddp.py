@@ -317,13 +317,13 @@ def test_checkpoint_after_restructure_resumes_in_new_process_group(tmp_path):
 
 @pytest.mark.timeout(150)
 def test_structure_mismatch_raises_on_every_rank_without_hanging(tmp_path):
-    """Also: an FSDP-sharded model is refused with a clear error."""
+    """Also: a model sharded without perfora is refused with a clear error."""
     results = run_ranks(mismatch, tmp_path)
     for r in results:
         assert r["type"] == "RankMismatchError" and r["is_perfora_error"]
         assert "layer '2' has 1 dendrite(s) on rank 0 and 2 on rank 1" in r["error"]
         assert "same epoch" in r["error"]
-        assert "FSDP" in r["fsdp_error"] and "wrap_ddp" in r["fsdp_error"]
+        assert "FSDP" in r["fsdp_error"] and "shard_fsdp2" in r["fsdp_error"]
 
 
 def correlation_phases(rank: int, tmp: Path) -> dict:

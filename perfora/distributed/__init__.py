@@ -1,4 +1,4 @@
-"""Distributed support: rank queries, collectives, and in-process re-wrapping of DDP."""
+"""Distributed support: rank queries, collectives, re-wrapping DDP and re-sharding FSDP2."""
 
 from .collectives import (
     agree_on_scores,
@@ -9,11 +9,13 @@ from .collectives import (
     world_size,
 )
 from .fingerprint import RankMismatchError, check_same_structure, structure_fingerprint
+from .fsdp import FSDP2Spec, full_state_dict, is_fsdp2, shard_fsdp2
 from .helpers import init_from_env, print0, set_epoch
 from .wrappers import WrapperSpec, ddp_kwargs_of, wrap_ddp, wrapper_spec
 
 __all__ = ["agree_on_scores", "barrier", "is_distributed",
            "is_rank_zero", "rank", "world_size",
            "RankMismatchError", "check_same_structure", "structure_fingerprint",
+           "FSDP2Spec", "full_state_dict", "is_fsdp2", "shard_fsdp2",
            "init_from_env", "print0", "set_epoch",
            "WrapperSpec", "ddp_kwargs_of", "wrap_ddp", "wrapper_spec"]

@@ -19,6 +19,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from ..errors import ConversionError, OrderError
+from .fsdp import FSDP2Spec
 
 DDP_KIND, DP_KIND = "ddp", "dp"
 _SPEC_ATTR = "_perfora_wrapper_spec"
@@ -101,10 +102,10 @@ def ddp_kwargs_of(ddp: DistributedDataParallel) -> dict[str, Any]:
     return _accepted(kw)
 
 
-def wrapper_spec(model: nn.Module) -> WrapperSpec | None:
+def wrapper_spec(model: nn.Module) -> WrapperSpec | FSDP2Spec | None:
     """How ``model``'s outer wrapper was built (None for a bare module)."""
     spec = getattr(model, _SPEC_ATTR, None)
-    if isinstance(spec, WrapperSpec):
+    if isinstance(spec, WrapperSpec | FSDP2Spec):
         return spec
     if isinstance(model, DistributedDataParallel):
         hooks = list(getattr(model, "_comm_hooks", []))
@@ -117,10 +118,11 @@ def wrapper_spec(model: nn.Module) -> WrapperSpec | None:
         return WrapperSpec(DP_KIND, kw)
     if _is_sharded(model):
         raise ConversionError(
-            "this model is sharded with FSDP: perfora cannot yet re-shard it after adding "
-            "dendrites (new dendrite parameters would be neither sharded nor synchronized). "
-            "Give the controller the unsharded model under DDP (perfora.wrap_ddp), or use the "
-            "restart workflow: save, exit, relaunch, load the checkpoint, then shard")
+            "this model is sharded with FSDP, but not through perfora: perfora cannot re-shard "
+            "it after adding dendrites (fully_shard cannot be applied twice, and new dendrite "
+            "parameters would be neither sharded nor synchronized). Shard the perforated, "
+            "unsharded model with perfora.distributed.shard_fsdp2(model, mesh=..., "
+            "**fully_shard_kwargs) instead of fully_shard/FullyShardedDataParallel")
     return None
 
 

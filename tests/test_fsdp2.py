@@ -1,0 +1,190 @@
+"""In-process restructure under FSDP2 (``fully_shard``): 2 real CPU ranks (gloo, FileStore).
+
+perfora gathers the full state on every rank, grows an unsharded copy, broadcasts rank 0's
+values and shards again with the user's arguments. Every test has a timeout.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from test_ddp import WORLD, batch, make_model, run_ranks, train_epoch
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor
+
+import perfora
+from perfora.distributed import full_state_dict, shard_fsdp2
+
+
+def _flat(state: dict[str, torch.Tensor]) -> torch.Tensor:
+    return torch.cat([v.detach().reshape(-1).float() for _, v in sorted(state.items())])
+
+
+def full_rank_diff(model: torch.nn.Module) -> float:
+    """Largest difference of any gathered full tensor between the ranks (0.0 in sync)."""
+    flat = _flat(full_state_dict(model))
+    gathered = [torch.zeros_like(flat) for _ in range(WORLD)]
+    dist.all_gather(gathered, flat)
+    return max((g - gathered[0]).abs().max().item() for g in gathered)
+
+
+def _probe() -> torch.Tensor:
+    return torch.randn(8, 6, generator=torch.Generator().manual_seed(99))
+
+
+def grow_under_fsdp2(rank: int, tmp: Path) -> dict:
+    """Ranks start from different weights and grow with different seeds (seed = rank)."""
+    reference = make_model(seed=100)  # rank 0's initial model
+    mesh = init_device_mesh("cpu", (WORLD,))
+    model = shard_fsdp2(make_model(seed=100 + rank), mesh=mesh, reshard_after_forward=False)
+    start = full_state_dict(model)
+    start_diff = max((start[k] - v).abs().max().item()
+                     for k, v in reference.state_dict().items())
+    ctl = perfora.GrowthController(model, switch_mode="every_epoch", max_dendrites=3,
+                                   retain_all_dendrites=True, seed=rank, write_files=False)
+    ctl.set_optimizer(torch.optim.SGD, lr=0.1)
+    opt, _ = ctl.build_optimizer()
+    out_change, all_dtensor, kwargs_kept, new_models = [], [], [], []
+    for epoch in range(2):
+        train_epoch(model, opt, rank, epoch)
+        with torch.no_grad():
+            before = model(_probe())
+        decision = ctl.step(1.0, model=model)
+        assert decision.restructured
+        new_models.append(decision.model is not model)
+        model, opt = decision.model, decision.optimizer
+        all_dtensor.append(all(isinstance(p, DTensor) for p in model.parameters()))
+        with torch.no_grad():
+            after = model(_probe())
+        out_change.append((after - before).abs().max().item())
+        kwargs_kept.append(ctl._wrapper.kwargs.get("reshard_after_forward"))
+    grown = _flat(full_state_dict(model))
+    for epoch in range(2, 4):
+        train_epoch(model, opt, rank, epoch)
+    trained = _flat(full_state_dict(model))
+    return {"start_diff": start_diff, "out_change": out_change, "all_dtensor": all_dtensor,
+            "kwargs_kept": kwargs_kept, "new_models": new_models,
+            "dendrites": ctl.num_dendrites, "rank_diff": full_rank_diff(model),
+            "trained_change": (trained - grown).abs().max().item()}
+
+
+@pytest.mark.timeout(150)
+def test_fsdp2_restructure_reshards_and_ranks_stay_identical(tmp_path):
+    results = run_ranks(grow_under_fsdp2, tmp_path)
+    for r in results:
+        assert r["start_diff"] == 0.0, "shard_fsdp2 must broadcast rank 0's initial values"
+        assert r["dendrites"] == 2 and r["new_models"] == [True, True]
+        assert r["all_dtensor"] == [True, True], "new dendrite parameters must be sharded"
+        assert r["kwargs_kept"] == [False, False]
+        assert max(r["out_change"]) < 1e-5, "growth must not change the outputs"
+        assert r["rank_diff"] == 0.0
+        assert r["trained_change"] > 0.0
+    assert results[0]["out_change"] == pytest.approx(results[1]["out_change"])
+
+
+def save_under_fsdp2(rank: int, tmp: Path) -> dict:
+    """Grow at epoch 2, save right after it (on every rank), train 2 more epochs."""
+    mesh = init_device_mesh("cpu", (WORLD,))
+    model = shard_fsdp2(make_model(seed=5), mesh=mesh)
+    ctl = perfora.GrowthController(model, switch_mode="fixed", fixed_switch_num=2,
+                                   max_dendrites=3, retain_all_dendrites=True,
+                                   run_dir=tmp / "run")
+    ctl.set_optimizer(torch.optim.Adam, lr=0.01)
+    opt, _ = ctl.build_optimizer()
+    for epoch in range(2):
+        train_epoch(model, opt, rank, epoch)
+        decision = ctl.step(0.5 + epoch, model=model)
+    assert decision.restructured  # the optimizer is new: its moments start from zero
+    model, opt = decision.model, decision.optimizer
+    ctl.save(tmp / "after_restructure.safetensors")
+    for epoch in range(2, 4):
+        train_epoch(model, opt, rank, epoch)
+    return {"state": _flat(full_state_dict(model)).tolist(), "dendrites": ctl.num_dendrites,
+            "switch_epochs": ctl.state.switch_epochs}
+
+
+def resume_under_fsdp2(rank: int, tmp: Path) -> dict:
+    """A new process group: a fresh model with other weights, sharded, then load."""
+    mesh = init_device_mesh("cpu", (WORLD,))
+    model = shard_fsdp2(make_model(seed=77), mesh=mesh)
+    ctl = perfora.GrowthController(model, switch_mode="fixed", fixed_switch_num=2,
+                                   max_dendrites=3, retain_all_dendrites=True,
+                                   write_files=False)
+    ctl.set_optimizer(torch.optim.Adam, lr=0.01)
+    decision = ctl.load(tmp / "after_restructure.safetensors")
+    model, opt = decision.model, decision.optimizer
+    sharded = all(isinstance(p, DTensor) for p in model.parameters())
+    for epoch in range(2, 4):
+        train_epoch(model, opt, rank, epoch)
+    return {"state": _flat(full_state_dict(model)).tolist(), "dendrites": ctl.num_dendrites,
+            "switch_epochs": ctl.state.switch_epochs, "sharded": sharded}
+
+
+@pytest.mark.timeout(200)
+def test_fsdp2_checkpoint_after_restructure_resumes_in_new_process_group(tmp_path):
+    first = run_ranks(save_under_fsdp2, tmp_path)
+    assert (tmp_path / "after_restructure.safetensors").exists()
+    assert (tmp_path / "run" / "switch_1.safetensors").exists()
+    resumed = run_ranks(resume_under_fsdp2, tmp_path)
+    for a, b in zip(first, resumed):
+        assert b["sharded"]
+        assert a["dendrites"] == b["dendrites"] == 1
+        assert a["switch_epochs"] == b["switch_epochs"]
+        assert torch.allclose(torch.tensor(a["state"]), torch.tensor(b["state"]), atol=1e-6)
+    assert resumed[0]["state"] == resumed[1]["state"]
+
+
+def rewind_under_fsdp2(rank: int, tmp: Path) -> dict:
+    """The dendrite set fails to beat the best score: the end rewinds to the best model."""
+    mesh = init_device_mesh("cpu", (WORLD,))
+    model = shard_fsdp2(make_model(seed=9), mesh=mesh)
+    ctl = perfora.GrowthController(model, maximize=True, switch_mode="fixed",
+                                   fixed_switch_num=1, max_dendrite_tries=1, max_dendrites=2,
+                                   write_files=False)
+    ctl.set_optimizer(torch.optim.SGD, lr=0.1)
+    opt, _ = ctl.build_optimizer()
+    actions, best = [], torch.zeros(0)
+    for epoch, score in enumerate([1.0, 0.5]):
+        train_epoch(model, opt, rank, epoch)
+        if epoch == 0:
+            best = _flat(full_state_dict(model))
+        decision = ctl.step(score, model=model)
+        actions.append(decision.action)
+        model, opt = decision.model, decision.optimizer
+    restored = _flat(full_state_dict(model))
+    return {"actions": actions, "dendrites": ctl.num_dendrites,
+            "sharded": all(isinstance(p, DTensor) for p in model.parameters()),
+            "diff": (restored - best).abs().max().item() if restored.shape == best.shape
+            else None}
+
+
+@pytest.mark.timeout(150)
+def test_fsdp2_completion_rewinds_to_the_best_model(tmp_path):
+    for r in run_ranks(rewind_under_fsdp2, tmp_path):
+        assert r["actions"] == ["restructure", "complete"]
+        assert r["dendrites"] == 0 and r["sharded"]
+        assert r["diff"] == 0.0
+
+
+def _sharded_directly(rank: int, tmp: Path) -> dict:
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (WORLD,))
+    model = fully_shard(make_model(seed=1), mesh=mesh)
+    try:
+        perfora.GrowthController(model, write_files=False)
+    except perfora.ConversionError as exc:
+        return {"error": str(exc)}
+    return {"error": None}
+
+
+@pytest.mark.timeout(150)
+def test_fsdp2_sharded_without_perfora_is_refused_with_the_fix(tmp_path):
+    for r in run_ranks(_sharded_directly, tmp_path):
+        assert r["error"] is not None and "shard_fsdp2" in r["error"]
+
+
+_ = batch  # the shared batches come through train_epoch
