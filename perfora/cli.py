@@ -7,6 +7,8 @@ import json
 import sys
 from collections.abc import Sequence
 
+from .errors import PerforaError
+
 
 def _demo(args: argparse.Namespace) -> int:
     from .demo import format_table, run_demo
@@ -43,17 +45,32 @@ def _launch(args: argparse.Namespace) -> int:
     return launch(settings).exit_code
 
 
+def _at_least(minimum: int):
+    """An argparse type: an integer >= ``minimum`` (a clear usage error otherwise)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="perfora", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="train a narrow MLP on digits: baseline vs dendrites")
-    demo.add_argument("--seed", type=int, default=0, help="seed of weights and batch order")
+    demo.add_argument("--seed", type=_at_least(0), default=0, help="seed of weights, batches")
     demo.add_argument("--out", default="perfora_runs/demo",
                       help="run folder (default perfora_runs/demo); '' writes no files")
     demo.add_argument("--json", action="store_true", help="print the table as one JSON object")
-    demo.add_argument("--hidden", type=int, default=6, help="hidden width of the MLP")
-    demo.add_argument("--patience", type=int, default=10, help="epochs without improvement")
-    demo.add_argument("--max-dendrites", type=int, default=3, help="cap on dendrite sets")
+    demo.add_argument("--hidden", type=_at_least(1), default=6, help="hidden width of the MLP")
+    demo.add_argument("--patience", type=_at_least(1), default=10, help="patience (epochs)")
+    demo.add_argument("--max-dendrites", type=_at_least(0), default=3, help="cap on dendrite sets")
     demo.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     demo.set_defaults(func=_demo)
 
@@ -87,8 +104,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `perfora` command."""
-    args = build_parser().parse_args(argv)
-    return args.func(args)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except PerforaError as exc:  # a typed, explained error: no traceback for the user
+        print(f"perfora {args.command}: error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -180,10 +180,16 @@ def check_setting_names(names: Any) -> None:
             raise ConfigError(unknown_name_message(name, known, "setting"))
 
 
+def nearest_name(name: object, known: Sequence[str], cutoff: float = 0.5) -> str | None:
+    """The known name closest to ``name`` (for 'did you mean' hints), or None."""
+    close = difflib.get_close_matches(str(name), list(known), n=1, cutoff=cutoff)
+    return close[0] if close else None
+
+
 def unknown_name_message(name: str, known: Sequence[str], what: str) -> str:
     """'unknown setting X; did you mean Y?' with the closest match."""
-    close = difflib.get_close_matches(str(name), list(known), n=1, cutoff=0.5)
-    hint = f"; did you mean {close[0]!r}?" if close else f"; known: {', '.join(sorted(known))}"
+    close = nearest_name(name, known)
+    hint = f"; did you mean {close!r}?" if close else f"; known: {', '.join(sorted(known))}"
     return f"unknown {what} {name!r}{hint}"
 
 

@@ -227,8 +227,8 @@ def _neuron_sizes(inner: nn.Module, selected: list[str], neuron_axes: Mapping[st
         if path in num_neurons:
             sizes[path] = int(num_neurons[path])
         elif bank_kind(module) != "generic":
-            sizes[path] = int(getattr(module, "out_features", None)
-                              or module.out_channels)
+            width = getattr(module, "out_features", None)
+            sizes[path] = int(module.out_channels if width is None else width)
         else:
             missing.append(path)
     if missing and example_input is not None:

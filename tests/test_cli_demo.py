@@ -80,3 +80,12 @@ def test_readme_example_runs_and_grows(tmp_path: Path) -> None:
     assert match, proc.stdout
     assert float(match.group(2)) > 0.5
     assert (tmp_path / "perfora_runs" / "native_loop" / "metrics.csv").is_file()
+
+
+@pytest.mark.parametrize("option", [["--patience", "0"], ["--hidden", "0"],
+                                    ["--max-dendrites", "-1"], ["--seed", "x"]])
+def test_demo_rejects_out_of_range_values_with_a_usage_error(tmp_path: Path,
+                                                              option: list[str]) -> None:
+    proc = _run(["demo", *option], tmp_path)
+    assert proc.returncode == 2
+    assert option[0] in proc.stderr and "Traceback" not in proc.stderr

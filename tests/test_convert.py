@@ -408,3 +408,8 @@ def test_module_without_parameters_cannot_be_perforated():
 def test_non_module_raises():
     with pytest.raises(ConversionError, match="nn.Module"):
         perforate(lambda x: x)
+
+
+def test_a_layer_with_zero_outputs_is_a_conversion_error_not_an_attribute_error():
+    with pytest.raises(ConversionError, match="at least one neuron"):
+        perforate(nn.Sequential(nn.Linear(3, 0)))

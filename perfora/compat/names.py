@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Callable, Mapping
 
+from ..config import nearest_name
 from .errors import CompatNameError
 
 
@@ -16,12 +16,12 @@ def missing_name_hook(module: str, public: list[str],
         if name.startswith("__"):
             raise AttributeError(f"module {module!r} has no attribute {name!r}")
         hint = hints.get(name)
-        close = difflib.get_close_matches(name, public, n=1, cutoff=0.6)
+        close = nearest_name(name, public, cutoff=0.6)
         text = f"{module}.{name} is a PerforatedAI name that perfora does not provide"
         if hint:
             text += f": {hint}"
         elif close:
-            text += f"; did you mean {module}.{close[0]}?"
+            text += f"; did you mean {module}.{close}?"
         raise CompatNameError(text)
 
     return __getattr__

@@ -16,7 +16,6 @@ An unknown name is an error naming the nearest known setting.
 from __future__ import annotations
 
 import copy
-import difflib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,7 +24,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..config import PerforaConfig
+from ..config import PerforaConfig, nearest_name
 from ..errors import ConfigError
 from .errors import CompatNameError, UnknownSettingError
 
@@ -294,8 +293,8 @@ def unknown_setting_message(name: str) -> str:
 
 
 def _suggest(name: str, known: list[str]) -> str:
-    close = difflib.get_close_matches(name, known, n=1, cutoff=0.5)
-    return f"; did you mean {close[0]!r}?" if close else ""
+    close = nearest_name(name, known)
+    return f"; did you mean {close!r}?" if close else ""
 
 
 def _jsonable(value: Any) -> Any:

@@ -8,7 +8,6 @@ controller's, written under PerforatedAI's file names (``switch_N.pt``, ``best_m
 
 from __future__ import annotations
 
-import difflib
 import json
 import logging
 import warnings
@@ -20,7 +19,7 @@ from torch import nn
 
 from .. import __version__
 from ..checkpoint import atomic_write_text
-from ..config import PerforaConfig
+from ..config import PerforaConfig, nearest_name
 from ..controller import GrowthController
 from ..distributed import is_rank_zero
 from ..distributed.launch import COMPLETE_MARKER
@@ -279,8 +278,8 @@ class PAITracker:
             raise AttributeError(attr)
         hint = _MISSING_HINTS.get(attr)
         known = [n for n in dir(type(self)) if not n.startswith("_")]
-        close = difflib.get_close_matches(attr, known, n=1, cutoff=0.6)
+        close = nearest_name(attr, known, cutoff=0.6)
         raise CompatNameError(
             f"GPA.pai_tracker has no {attr!r}: perfora's PerforatedAI shell does not provide it"
             + (f" ({hint})" if hint else "")
-            + (f"; did you mean {close[0]!r}?" if close and not hint else ""))
+            + (f"; did you mean {close!r}?" if close and not hint else ""))
