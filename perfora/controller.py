@@ -608,6 +608,30 @@ class GrowthController:
             meta["scheduler"] = _jsonable_or_none(self.scheduler.state_dict())
         return Checkpoint(tensors=tensors, meta=meta)
 
+    @property
+    def best_snapshot(self) -> tuple[dict, dict[str, torch.Tensor]] | None:
+        """(structure, tensors) of the best model so far, kept in memory for the rewind."""
+        return self._best
+
+    def load_state(self, meta: Mapping[str, Any],
+                   best: Mapping[str, torch.Tensor] | None = None) -> None:
+        """Restore the controller, rule and best snapshot without touching the weights.
+
+        For frameworks that restore the weights themselves (Lightning): the model must
+        already have the saved structure. ``meta`` is :meth:`state_dict` plus
+        ``best_structure``; ``best`` the best snapshot's tensors."""
+        if "controller" not in meta:
+            raise CheckpointError("the saved perfora state has no controller entry")
+        self.state = ControllerState.from_dict(meta["controller"])
+        self.rule.load_state_dict(meta.get("rule", {}), self._layers())
+        self._best, self._best_unsaved = None, False
+        if best is not None and meta.get("best_structure") is not None:
+            self._best = (dict(meta["best_structure"]), dict(best))
+        if self._report is not None:
+            self._report._columns = None
+            self._report.write_metrics(self.state.history)
+        self._last_time = time.perf_counter()
+
     def save(self, path: str | Path) -> None:
         """Write a checkpoint atomically (safetensors + JSON; never pickle).
 

@@ -24,7 +24,8 @@ always holds the merged form, so checkpoints do not depend on the split.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -318,7 +319,16 @@ class DendriticLayer(nn.Module):
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:
         # the stored form is always merged: a load ends a candidate split (rules redo it)
         self.merge_candidate()
+        stored = stored_dendrites(state_dict, prefix)
+        if stored is not None and stored != self.num_dendrites and not self._sharded():
+            # a grown state fits a model that has not grown (yet): take its dendrite count,
+            # so Lightning's weight restore and ddp_spawn's copy-back keep the dendrites
+            self.resize(stored)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def _sharded(self) -> bool:
+        """True when FSDP2 made this layer's parameters DTensors (no in-place resize)."""
+        return any(type(p).__name__ == "DTensor" for p in self.parameters())
 
     # ------------------------------------------------------------------ training
     def set_trainable(self, **groups: bool) -> None:
@@ -464,6 +474,12 @@ def _merged_state_hook(module: DendriticLayer, state_dict: dict, prefix: str,
             del state_dict[key]
     for name, tensor in module._merged_tensors().items():
         state_dict[prefix + name] = tensor
+
+
+def stored_dendrites(state_dict: Mapping[str, Any], prefix: str) -> int | None:
+    """The dendrite count a saved layer had (None when the state holds no dendrites of it)."""
+    out = state_dict.get(prefix + "out_weight")
+    return None if out is None else int(out.shape[0])
 
 
 def _key(name: str) -> str:

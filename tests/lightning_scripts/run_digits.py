@@ -1,0 +1,161 @@
+"""A Lightning fit on sklearn digits with DendriteGrowth; each rank writes what tests check.
+
+Run as a script (Lightning's ddp launcher re-executes it for rank 1). Writes
+``<out>/rank<R>.pt`` with the final parameters, the callback's decisions and trainer state,
+and for ddp_spawn ``<out>/main.pt`` from the launching process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+import lightning.pytorch as pl
+import torch
+from sklearn.datasets import load_digits
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from perfora.lightning import DendriteGrowth
+
+
+def digits_loaders(batch_size: int) -> tuple[DataLoader, DataLoader]:
+    """Fixed split of the 8x8 digits: 1400 train, 397 validation samples."""
+    x, y = load_digits(return_X_y=True)
+    x = torch.tensor(x / 16.0, dtype=torch.float32)
+    y = torch.tensor(y, dtype=torch.long)
+    train = TensorDataset(x[:1400], y[:1400])
+    val = TensorDataset(x[1400:], y[1400:])
+    return (DataLoader(train, batch_size=batch_size, shuffle=False),
+            DataLoader(val, batch_size=200))
+
+
+class DigitsNet(pl.LightningModule):
+    """A small MLP; ``shard`` applies perfora.shard_fsdp2 under ModelParallelStrategy."""
+
+    def __init__(self, hidden: int = 16, lr: float = 0.01, shard: bool = False) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(64, hidden), nn.ReLU(), nn.Linear(hidden, 10))
+        self.lr, self.shard = lr, shard
+
+    def configure_model(self) -> None:
+        if self.shard:
+            import perfora
+
+            perfora.shard_fsdp2(self.net, mesh=self.device_mesh["data_parallel"])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = nn.functional.cross_entropy(self(x), y)
+        self.log("train_loss", loss)
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        logits = self(x)
+        acc = (logits.argmax(-1) == y).float().mean()
+        self.log("val_acc", acc, sync_dist=True, prog_bar=True)
+        self.log("val_loss", nn.functional.cross_entropy(logits, y), sync_dist=True)
+
+    def configure_optimizers(self):
+        params = [p for p in self.parameters() if p.requires_grad]
+        opt = torch.optim.Adam(params, lr=self.lr)
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=5, gamma=0.9)
+        return {"optimizer": opt, "lr_scheduler": sched}
+
+
+def flat_params(module: nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter, full (FSDP2 DTensors gathered), by name."""
+    out = {}
+    for name, p in module.named_parameters():
+        t = p.full_tensor() if hasattr(p, "full_tensor") else p
+        out[name] = t.detach().float().cpu().clone()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--strategy", default="ddp")
+    ap.add_argument("--devices", type=int, default=2)
+    ap.add_argument("--max-epochs", type=int, default=12)
+    ap.add_argument("--patience", type=int, default=2)
+    ap.add_argument("--max-dendrites", type=int, default=2)
+    ap.add_argument("--switch-mode", default="fixed")
+    ap.add_argument("--fixed-switch-num", type=int, default=3)
+    ap.add_argument("--precision", default="32-true")
+    ap.add_argument("--accumulate", type=int, default=1)
+    ap.add_argument("--batch-size", type=int, default=100)
+    ap.add_argument("--ckpt-path", default=None)
+    ap.add_argument("--save-last", action="store_true")
+    ap.add_argument("--prepare", action="store_true", help="perforate before fit")
+    ap.add_argument("--rule", default="gd")
+    ap.add_argument("--retain", action="store_true")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    pl.seed_everything(7, workers=True)
+
+    strategy = args.strategy
+    shard = strategy == "model_parallel"
+    if shard:
+        from lightning.pytorch.strategies import ModelParallelStrategy
+
+        strategy = ModelParallelStrategy(data_parallel_size=args.devices,
+                                         tensor_parallel_size=1, save_distributed_checkpoint=False)
+    model = DigitsNet(shard=shard)
+    growth = DendriteGrowth(monitor="val_acc", mode="max", patience=args.patience,
+                            max_dendrites=args.max_dendrites, module="net", rule=args.rule,
+                            switch_mode=args.switch_mode, fixed_switch_num=args.fixed_switch_num,
+                            retain_all_dendrites=args.retain,
+                            run_dir=str(out / "perfora"))
+    if args.prepare:
+        growth.prepare(model)
+    callbacks: list = [growth]
+    if args.save_last:
+        from lightning.pytorch.callbacks import ModelCheckpoint
+
+        callbacks.append(ModelCheckpoint(dirpath=str(out / "ckpt"), save_last=True,
+                                         save_top_k=0))
+    from lightning.pytorch.loggers import CSVLogger
+
+    trainer = pl.Trainer(accelerator="cpu", devices=args.devices, strategy=strategy,
+                         max_epochs=args.max_epochs, callbacks=callbacks,
+                         precision=args.precision, accumulate_grad_batches=args.accumulate,
+                         logger=CSVLogger(str(out / "logs"), name="run"),
+                         enable_progress_bar=False, enable_model_summary=False,
+                         default_root_dir=str(out), deterministic=True)
+    train, val = digits_loaders(args.batch_size)
+    trainer.fit(model, train, val, ckpt_path=args.ckpt_path)
+
+    decisions = [row.get("event") for row in growth.controller.state.history] \
+        if growth.controller is not None else []
+    record = {
+        "params": flat_params(model),
+        "epochs_run": trainer.current_epoch,
+        "should_stop": bool(trainer.should_stop),
+        "completed": bool(growth.controller.completed) if growth.controller else None,
+        "num_dendrites": growth.controller.num_dendrites if growth.controller else None,
+        "events": decisions,
+        "global_step": trainer.global_step,
+    }
+    rank = int(os.environ.get("LOCAL_RANK", trainer.global_rank))
+    if args.strategy == "ddp_spawn":
+        # this code runs in the launching process after the workers returned
+        record["main_layers"] = {n: m.num_dendrites for n, m in
+                                 __import__("perfora").dendritic_layers(model).items()}
+        torch.save(record, out / "main.pt")
+    else:
+        torch.save(record, out / f"rank{rank}.pt")
+    if rank == 0:
+        (out / "done.json").write_text(json.dumps({"epochs_run": record["epochs_run"]}))
+
+
+if __name__ == "__main__":
+    main()
