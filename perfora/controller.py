@@ -37,7 +37,12 @@ from .config import PerforaConfig
 from .convert import layer_specs, rebuild_structure
 from .distributed import agree_on_scores, barrier, is_rank_zero
 from .distributed.fingerprint import check_same_structure
-from .distributed.fsdp import FSDP2Spec, full_state_dict
+from .distributed.fsdp import (
+    FSDP2Spec,
+    full_state_dict,
+    gather_optimizer_state,
+    shard_optimizer_state,
+)
 from .distributed.wrappers import WrapperSpec, wrapper_spec
 from .errors import CheckpointError, ConversionError, OrderError, ScoreError
 from .layers import dendritic_layers, unwrap_model
@@ -48,6 +53,7 @@ from .optim import (
     current_lr,
     join_optimizer_state,
     split_optimizer_state,
+    split_state_dict,
     step_scheduler,
 )
 from .report import RunReport
@@ -160,6 +166,7 @@ class GrowthController:
         self.model = model
         self._wrapper: WrapperSpec | FSDP2Spec | None = wrapper_spec(model)
         self._full_cache: dict[str, torch.Tensor] | None = None  # FSDP2: gathered state
+        self._optim_cache: tuple[dict[str, torch.Tensor], dict] | None = None  # and optimizer
         self._retired: weakref.WeakSet[nn.Module] = weakref.WeakSet()  # replaced DDP wrappers
         layers = dendritic_layers(model)
         if not layers:
@@ -289,11 +296,43 @@ class GrowthController:
         inner = unwrap_model(self.model)
         return full_state_dict(inner) if self._fsdp2() else inner.state_dict()
 
+    def _optimizer_is_current(self) -> bool:
+        """False when the optimizer holds parameters the model no longer has (FSDP2 after
+        the completion's rewind re-sharded the model: nothing left to resume)."""
+        assert self.optimizer is not None
+        own = {id(p) for p in unwrap_model(self.model).parameters()}
+        return all(id(p) in own for group in self.optimizer.param_groups
+                   for p in group["params"])
+
+    def _optimizer_state(self) -> tuple[dict[str, torch.Tensor], dict] | None:
+        """(tensors, JSON) of the optimizer state; under FSDP2 full tensors by parameter name.
+
+        Under FSDP2 a collective (every rank gathers its shards) unless gathered for this
+        write; the names let a resumed run match entries whatever order its optimizer has.
+        None without an optimizer, or under FSDP2 when it is stale."""
+        if self.optimizer is None:
+            return None
+        if not self._fsdp2():
+            return split_optimizer_state(self.optimizer)
+        if self._full_cache is not None:  # gathered together with the model
+            return self._optim_cache
+        if not self._optimizer_is_current():
+            return None
+        sd, names = gather_optimizer_state(self.optimizer, unwrap_model(self.model))
+        tensors, meta = split_state_dict(sd)
+        return to_storable(tensors), {**meta, "param_names": names}
+
     def _gather_for_write(self, due: bool = True) -> None:
-        """FSDP2: gather the full state on every rank before rank 0 writes a checkpoint."""
+        """FSDP2: gather the full model and optimizer state on every rank; rank 0 writes."""
         if due and self._fsdp2() and self.run_dir is not None and self.write_files \
                 and self.config.save_checkpoints:
+            optimizer = self._optimizer_state()
             self._full_cache = to_storable(full_state_dict(unwrap_model(self.model)))
+            self._optim_cache = optimizer
+
+    def _drop_gathered(self) -> None:
+        """Free the state gathered for a write (FSDP2)."""
+        self._full_cache = self._optim_cache = None
 
     def _sync_structure(self) -> None:
         """Check every rank has the same structure, then re-wrap DDP/DataParallel."""
@@ -466,7 +505,7 @@ class GrowthController:
         self._gather_for_write(action != CONTINUE or st.epoch % self.config.latest_every == 0)
         if self._writes():
             self._write_run_files(action, improved_best)
-        self._full_cache = None
+        self._drop_gathered()
         self._last_time = time.perf_counter()
         return Decision(action=action, reason=reason, model=self.model,
                         optimizer=self.optimizer, scheduler=self.scheduler, epoch=st.epoch,
@@ -512,7 +551,7 @@ class GrowthController:
         self._gather_for_write()
         if self._writes():
             self._write_checkpoint(f"switch_{len(self.state.switch_epochs)}")
-        self._full_cache = None
+        self._drop_gathered()
         return Decision(RESTRUCTURE, "added on request", self.model, self.optimizer,
                         self.scheduler, self.state.epoch, self.state.num_dendrites,
                         self.rule.phase)
@@ -552,7 +591,7 @@ class GrowthController:
             if self.config.save_checkpoints and self.state.history:
                 self._write_checkpoints(CONTINUE)
             self._write_summaries()
-        self._full_cache = None
+        self._drop_gathered()
 
     def checkpoint_path(self, name: str) -> Path:
         if self.run_dir is None:
@@ -593,14 +632,16 @@ class GrowthController:
         tensors: dict[str, dict[str, torch.Tensor]] = {"model": self._model_state()}
         meta: dict[str, Any] = {"structure": layer_specs(inner), **self.state_dict(),
                                 "perfora_version": __version__}
+        optimizer = self._optimizer_state()
         if model_from_best and self._best is not None:
+            if self._fsdp2() and self._best[0] != meta["structure"]:
+                optimizer = None  # the moments belong to the grown model, not the best one
             meta["structure"], tensors["model"] = self._best
         if self._best is not None:
             tensors["best"] = self._best[1]
             meta["best_structure"] = self._best[0]
-        # FSDP2: the optimizer's sharded moments are not saved (they restart on resume)
-        if self.optimizer is not None and not self._fsdp2():
-            opt_tensors, opt_meta = split_optimizer_state(self.optimizer)
+        if optimizer is not None:
+            opt_tensors, opt_meta = optimizer
             tensors["optimizer"] = opt_tensors
             meta["optimizer"] = opt_meta
             meta["optimizer_class"] = type(self.optimizer).__qualname__
@@ -635,7 +676,8 @@ class GrowthController:
     def save(self, path: str | Path) -> None:
         """Write a checkpoint atomically (safetensors + JSON; never pickle).
 
-        Under FSDP2 call it on every rank: the full state is gathered, rank 0 writes."""
+        Under FSDP2 call it on every rank: the full model and optimizer state is gathered,
+        rank 0 writes."""
         ckpt = self.to_checkpoint()
         if not self._fsdp2() or is_rank_zero():
             save_checkpoint(path, ckpt)
@@ -670,6 +712,9 @@ class GrowthController:
         if self.optimizer is not None and "optimizer" in meta and not self._user_optimizer:
             saved = join_optimizer_state(ckpt.tensors.get("optimizer", {}), meta["optimizer"])
             try:
+                if self._fsdp2():  # full tensors by name -> this rank's shards
+                    saved = shard_optimizer_state(saved, meta["optimizer"].get("param_names"),
+                                                  self.optimizer, unwrap_model(self.model))
                 self.optimizer.load_state_dict(saved)
             except (ValueError, KeyError) as exc:
                 raise CheckpointError(f"{path}: the optimizer state does not fit the "

@@ -87,7 +87,11 @@ def current_lr(optimizer: torch.optim.Optimizer | None) -> float | None:
 
 def split_optimizer_state(optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
     """Optimizer state as (tensors by flat key, JSON-able rest)."""
-    sd = optimizer.state_dict()
+    return split_state_dict(optimizer.state_dict())
+
+
+def split_state_dict(sd: Mapping[str, Any]) -> tuple[dict, dict]:
+    """An optimizer state_dict as (tensors by flat key, JSON-able rest)."""
     tensors: dict[str, torch.Tensor] = {}
     state_json: dict[str, dict] = {}
     for idx, entry in sd["state"].items():

@@ -12,11 +12,14 @@ import pytest
 import torch
 import torch.distributed as dist
 from test_ddp import WORLD, batch, make_model, run_ranks, train_epoch
+from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 
 import perfora
+from perfora.checkpoint import load_checkpoint
 from perfora.distributed import full_state_dict, shard_fsdp2
+from perfora.distributed.fsdp import gather_optimizer_state, shard_optimizer_state
 
 
 def _flat(state: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -143,7 +146,7 @@ def rewind_under_fsdp2(rank: int, tmp: Path) -> dict:
     model = shard_fsdp2(make_model(seed=9), mesh=mesh)
     ctl = perfora.GrowthController(model, maximize=True, switch_mode="fixed",
                                    fixed_switch_num=1, max_dendrite_tries=1, max_dendrites=2,
-                                   write_files=False)
+                                   run_dir=tmp / "run")
     ctl.set_optimizer(torch.optim.SGD, lr=0.1)
     opt, _ = ctl.build_optimizer()
     actions, best = [], torch.zeros(0)
@@ -167,6 +170,133 @@ def test_fsdp2_completion_rewinds_to_the_best_model(tmp_path):
         assert r["actions"] == ["restructure", "complete"]
         assert r["dendrites"] == 0 and r["sharded"]
         assert r["diff"] == 0.0
+    # the rewind re-sharded the model: the old optimizer's moments are not written
+    latest = load_checkpoint(tmp_path / "run" / "latest.safetensors")
+    assert latest.meta["controller"]["completed"] and "optimizer" not in latest.meta
+
+
+def make_odd_model(seed: int) -> nn.Module:
+    """7 and 3 output rows: uneven FSDP2 shards on 2 ranks (4+3 and 2+1 rows)."""
+    torch.manual_seed(seed)
+    return perfora.perforate(nn.Sequential(nn.Linear(6, 7), nn.Tanh(), nn.Linear(7, 3)))
+
+
+def _adam_controller(model: nn.Module, **files) -> perfora.GrowthController:
+    """The controller both runs use: no plateau switch in this test, Adam registered."""
+    ctl = perfora.GrowthController(model, switch_mode="fixed", fixed_switch_num=50,
+                                   max_dendrites=3, retain_all_dendrites=True, **files)
+    ctl.set_optimizer(torch.optim.Adam, lr=0.01)
+    return ctl
+
+
+def _local(value: torch.Tensor) -> list:
+    return (value.to_local() if isinstance(value, DTensor) else value).tolist()
+
+
+def local_state(model: nn.Module, opt: torch.optim.Optimizer) -> dict:
+    """This rank's parameter shards and optimizer state shards, by name (nothing gathered)."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    return {"params": {n: _local(p.detach()) for n, p in model.named_parameters()},
+            "optim": {names[id(p)]: {k: _local(v) for k, v in sorted(opt.state[p].items())}
+                      for group in opt.param_groups for p in group["params"]},
+            "shards": {n: list(p.to_local().shape) for n, p in model.named_parameters()}}
+
+
+def adam_uninterrupted(rank: int, tmp: Path) -> dict:
+    """Train, grow, train (Adam moments build up), checkpoint mid-cycle, train 2 more epochs."""
+    mesh = init_device_mesh("cpu", (WORLD,))
+    model = shard_fsdp2(make_odd_model(seed=5), mesh=mesh)
+    ctl = _adam_controller(model, run_dir=tmp / "run", checkpoint_time_budget=None)
+    opt, _ = ctl.build_optimizer()
+    train_epoch(model, opt, rank, 0)
+    ctl.step(1.0, model=model)
+    decision = ctl.add_dendrites()
+    model, opt = decision.model, decision.optimizer
+    train_epoch(model, opt, rank, 1)
+    decision = ctl.step(0.9, model=model)  # writes run/latest (gathered on every rank)
+    ctl.save(tmp / "mid.safetensors")
+    at_save = local_state(model, opt)
+    for epoch in (2, 3):
+        train_epoch(model, opt, rank, epoch)
+    return {"action": decision.action, "at_save": at_save, "end": local_state(model, opt)}
+
+
+def adam_resumed(rank: int, tmp: Path) -> dict:
+    """A new process group: resume with a fresh optimizer (control), then for real."""
+    mesh = init_device_mesh("cpu", (WORLD,))
+
+    def resume(path: Path) -> tuple[perfora.GrowthController, nn.Module, torch.optim.Optimizer]:
+        ctl = _adam_controller(shard_fsdp2(make_odd_model(seed=77), mesh=mesh),
+                               write_files=False)
+        decision = ctl.load(path)
+        return ctl, decision.model, decision.optimizer
+
+    ctl, model, _ = resume(tmp / "mid.safetensors")
+    opt, _ = ctl.build_optimizer()  # negative control: moments start from zero
+    for epoch in (2, 3):
+        train_epoch(model, opt, rank, epoch)
+    fresh = local_state(model, opt)
+    ctl, model, opt = resume(tmp / "run" / "latest.safetensors")
+    loaded = local_state(model, opt)
+    for epoch in (2, 3):
+        train_epoch(model, opt, rank, epoch)
+    return {"fresh": fresh, "loaded": loaded, "end": local_state(model, opt)}
+
+
+def _max_diff(a: dict, b: dict) -> float:
+    """Largest difference between two {name: nested list} maps with the same names."""
+    assert a.keys() == b.keys()
+    return max((torch.tensor(a[k]) - torch.tensor(b[k])).abs().max().item() if
+               torch.tensor(a[k]).numel() else 0.0 for k in a)
+
+
+def _optim_diff(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys()
+    assert all(a[n].keys() == b[n].keys() == {"step", "exp_avg", "exp_avg_sq"} for n in a)
+    return max(_max_diff(a[n], b[n]) for n in a)
+
+
+@pytest.mark.timeout(120)
+def test_fsdp2_adam_state_survives_resume_in_new_process_group(tmp_path):
+    first = run_ranks(adam_uninterrupted, tmp_path)
+    latest = load_checkpoint(tmp_path / "run" / "latest.safetensors")
+    saved = load_checkpoint(tmp_path / "mid.safetensors")
+    names = saved.meta["optimizer"]["param_names"]
+    assert latest.meta["optimizer"]["param_names"] == names
+    assert latest.tensors["optimizer"].keys() == saved.tensors["optimizer"].keys()
+    for key, value in saved.tensors["optimizer"].items():
+        assert torch.equal(latest.tensors["optimizer"][key], value), key
+    full = saved.tensors["optimizer"][f"{names.index('0.base.weight')}.exp_avg"]
+    assert full.shape == (7, 6) and full.abs().sum() > 0  # full, trained, not a shard
+    resumed = run_ranks(adam_resumed, tmp_path)
+    for rank, (a, b) in enumerate(zip(first, resumed)):
+        assert a["action"] == "continue"
+        assert a["at_save"]["shards"]["0.base.weight"] == [4 - rank, 6]
+        assert a["at_save"]["shards"]["2.out_weight"] == [1 - rank, 3]  # rank 1: empty
+        assert b["loaded"]["shards"] == a["at_save"]["shards"]
+        assert _max_diff(a["at_save"]["params"], b["loaded"]["params"]) == 0.0
+        assert _optim_diff(a["at_save"]["optim"], b["loaded"]["optim"]) == 0.0
+        assert _max_diff(a["end"]["params"], b["end"]["params"]) <= 1e-6
+        assert _optim_diff(a["end"]["optim"], b["end"]["optim"]) <= 1e-6
+        # the control: without the saved moments the same steps end elsewhere
+        assert _max_diff(a["end"]["params"], b["fresh"]["params"]) > 1e-3
+
+
+@pytest.mark.timeout(30)
+def test_optimizer_state_is_matched_by_parameter_name_not_position():
+    model = make_odd_model(seed=3)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    for epoch in range(2):
+        train_epoch(model, opt, 0, epoch)
+    saved, names = gather_optimizer_state(opt, model)  # no DTensor: nothing to gather
+    reordered = torch.optim.Adam(list(model.parameters())[::-1], lr=0.01)
+    reordered.load_state_dict(shard_optimizer_state(saved, names, reordered, model))
+    for p in model.parameters():
+        for key, value in opt.state[p].items():
+            assert torch.equal(reordered.state[p][key], value), key
+    subset = torch.optim.Adam(list(model.parameters())[1:], lr=0.01)
+    with pytest.raises(ValueError, match="other parameters"):
+        shard_optimizer_state(saved, names, subset, model)
 
 
 def _sharded_directly(rank: int, tmp: Path) -> dict:

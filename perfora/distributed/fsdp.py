@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..errors import ConversionError
+from ..errors import CheckpointError, ConversionError
 from ..layers import dendritic_layers
 from .collectives import is_distributed
 
@@ -47,6 +47,108 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
         return dict(model.state_dict())
     options = StateDictOptions(full_state_dict=True, cpu_offload=False)
     return dict(get_model_state_dict(model, options=options))
+
+
+def optimizer_param_names(optimizer: torch.optim.Optimizer, model: nn.Module) -> list[str]:
+    """Each optimizer parameter's name in ``model``, in state_dict order (index -> name)."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    missing = [i for i, p in enumerate(params) if id(p) not in names]
+    if missing:
+        raise CheckpointError(f"the optimizer holds {len(missing)} parameter(s) that are not in "
+                              "the model; under FSDP2 perfora saves optimizer state by "
+                              "parameter name, so build the optimizer over model.parameters()")
+    return [names[id(p)] for p in params]
+
+
+def _full(value: Any) -> Any:
+    """A DTensor gathered to a plain full tensor (a collective); anything else unchanged."""
+    from torch.distributed.tensor import DTensor
+
+    return value.full_tensor() if isinstance(value, DTensor) else value
+
+
+def gather_optimizer_state(optimizer: torch.optim.Optimizer, model: nn.Module
+                           ) -> tuple[dict[str, Any], list[str]]:
+    """The optimizer's state_dict with full tensors, and its parameters' names (a collective).
+
+    Every rank must call it: each sharded state tensor is all-gathered, in index and key
+    order, so the collectives line up across ranks."""
+    sd = optimizer.state_dict()
+    names = optimizer_param_names(optimizer, model)
+    state = {idx: {key: _full(entry[key]) for key in sorted(entry)}
+             for idx, entry in sorted(sd["state"].items())}
+    return {"state": state, "param_groups": sd["param_groups"]}, names
+
+
+def local_shard(full: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+    """This rank's part of ``full``, placed like the DTensor ``param`` (FSDP2's dim-0 chunks).
+
+    ``torch.chunk`` over the mesh size on each sharded dimension; ranks past the last chunk
+    get an empty slice, as FSDP2 gives them. Checked against ``param``'s own local shape."""
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    if not isinstance(param, DTensor):
+        return full
+    if tuple(full.shape) != tuple(param.shape):
+        raise ValueError(f"an optimizer state tensor has shape {tuple(full.shape)} but "
+                         f"its parameter {tuple(param.shape)}; under FSDP2 perfora restores "
+                         "only per-element and scalar optimizer state")
+    mesh, local = param.device_mesh, full
+    coordinate = mesh.get_coordinate()
+    if coordinate is None:
+        raise ValueError("this rank is not in the parameter's device mesh")
+    for mesh_dim, placement in enumerate(param.placements):
+        if type(placement) is Shard:
+            chunks = torch.chunk(local, mesh.size(mesh_dim), dim=placement.dim)
+            index = coordinate[mesh_dim]
+            local = chunks[index] if index < len(chunks) else local.narrow(placement.dim, 0, 0)
+        elif not isinstance(placement, Replicate):
+            raise ValueError(f"cannot restore optimizer state for a parameter placed as "
+                             f"{param.placements}; perfora supports FSDP2's Shard(0)")
+    own = param.to_local()
+    if local.shape != own.shape:
+        raise ValueError(f"this rank's optimizer state slice has shape "
+                         f"{tuple(local.shape)} but its parameter shard "
+                         f"{tuple(own.shape)}")
+    local = local.to(device=own.device).clone()
+    return DTensor.from_local(local, mesh, param.placements, shape=param.shape,
+                              stride=param.stride(), run_check=False)
+
+
+def _restore(value: Any, param: torch.Tensor) -> Any:
+    """A saved state value for ``param``: scalars (Adam's ``step``) as saved, tensors sharded."""
+    if not isinstance(value, torch.Tensor) or (value.dim() == 0 and param.dim() != 0):
+        return value
+    return local_shard(value, param)
+
+
+def shard_optimizer_state(saved: dict[str, Any], names: list[str] | None,
+                          optimizer: torch.optim.Optimizer, model: nn.Module
+                          ) -> dict[str, Any]:
+    """A state_dict for ``optimizer`` (over the sharded model) from a gathered one.
+
+    Entries are matched by parameter name (``names``: saved index -> name; without it,
+    by position), and every tensor that is not a scalar is cut to this rank's shard."""
+    now = optimizer_param_names(optimizer, model)
+    names = now if names is None else names
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    current = optimizer.state_dict()["param_groups"]
+    if len(saved["param_groups"]) != len(current):
+        raise ValueError(f"the checkpoint has {len(saved['param_groups'])} parameter "
+                         f"group(s), the optimizer {len(current)}")
+    for old, new in zip(saved["param_groups"], current):
+        if {names[i] for i in old["params"]} != {now[i] for i in new["params"]}:
+            raise ValueError("the saved optimizer state covers other parameters than the "
+                             "optimizer registered now")
+    by_name = {names[int(i)]: entry for i, entry in saved["state"].items()}
+    state = {}
+    for index, (name, param) in enumerate(zip(now, params)):
+        if name in by_name:
+            state[index] = {key: _restore(value, param) for key, value in by_name[name].items()}
+    groups = [{**{k: v for k, v in old.items() if k != "params"}, "params": new["params"]}
+              for old, new in zip(saved["param_groups"], current)]
+    return {"state": state, "param_groups": groups}
 
 
 @dataclass
