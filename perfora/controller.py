@@ -634,7 +634,7 @@ class GrowthController:
                                 "perfora_version": __version__}
         optimizer = self._optimizer_state()
         if model_from_best and self._best is not None:
-            if self._fsdp2() and self._best[0] != meta["structure"]:
+            if self._best[0] != meta["structure"]:
                 optimizer = None  # the moments belong to the grown model, not the best one
             meta["structure"], tensors["model"] = self._best
         if self._best is not None:
@@ -704,6 +704,7 @@ class GrowthController:
             raise CheckpointError(f"{path}: {exc}") from exc
         load_state_into(self.model, ckpt.tensors.get("model", {}), str(path))
         self.state = ControllerState.from_dict(meta["controller"])
+        self.state.num_dendrites = self._layer_dendrites()  # "best" may hold fewer than the run
         self.rule.load_state_dict(meta.get("rule", {}), self._layers())
         self._best, self._best_unsaved = None, False
         if "best" in ckpt.tensors:

@@ -87,3 +87,22 @@ def test_resume_into_a_model_of_another_width_says_so(tmp_path: Path) -> None:
     wider = nn.Sequential(nn.Linear(6, 9), nn.Tanh(), nn.Linear(9, 3))
     with pytest.raises(perfora.CheckpointError, match="9 neurons here but 8"):
         perfora.resume(wider, tmp_path / "latest.safetensors")
+
+
+def test_best_file_of_an_epoch_that_also_grew_resumes_with_an_optimizer(tmp_path: Path) -> None:
+    """The epoch that sets the best score can also add dendrites: best.safetensors holds the
+    smaller best model, so it must not carry the grown model's optimizer moments."""
+    model = perfora.perforate(_build())
+    ctl = perfora.GrowthController(model, run_dir=tmp_path, **CONFIG)
+    ctl.set_optimizer(torch.optim.Adam, lr=1e-2)
+    ctl.build_optimizer()
+    _train(ctl, model, 3)  # the loss falls every epoch: epoch 3 is the best and grows
+    assert ctl.state.switch_epochs == [3] and ctl.state.best_epoch == 3
+    fresh = _build()
+    resumed = perfora.resume(fresh, tmp_path / "best.safetensors",
+                             optimizer=torch.optim.Adam, optimizer_args={"lr": 1e-2})
+    assert resumed.num_dendrites == 0  # the best model is the one before the growth
+    optimizer = resumed.optimizer
+    assert optimizer is not None and not optimizer.state  # fresh moments, no mismatch
+    _train(resumed, fresh, 4)
+    assert resumed.epoch == 4

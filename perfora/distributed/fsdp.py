@@ -151,6 +151,13 @@ def shard_optimizer_state(saved: dict[str, Any], names: list[str] | None,
     return {"state": state, "param_groups": groups}
 
 
+def _local_device(model: nn.Module) -> torch.device:
+    """The device of this rank's shards (DTensor parameters report their local device)."""
+    for p in model.parameters():
+        return p.device
+    return torch.device("cpu")
+
+
 @dataclass
 class FSDP2Spec:
     """How to shard again: ``fully_shard`` arguments, per-layer units, an unsharded template."""
@@ -168,7 +175,9 @@ class FSDP2Spec:
             raise ConversionError("perfora lost the unsharded copy of this FSDP2 model; shard "
                                   "it with perfora.distributed.shard_fsdp2")
         state = full_state_dict(model)
-        plain = copy.deepcopy(self.template)
+        # the template is kept on the CPU; the copy goes where the shards live (NCCL can
+        # only broadcast device tensors)
+        plain = copy.deepcopy(self.template).to(_local_device(model))
         plain.load_state_dict(state)
         flags = {n: p.requires_grad for n, p in model.named_parameters()}
         for name, p in plain.named_parameters():
