@@ -95,6 +95,7 @@ def main() -> None:
     ap.add_argument("--save-last", action="store_true")
     ap.add_argument("--prepare", action="store_true", help="perforate before fit")
     ap.add_argument("--rule", default="gd")
+    ap.add_argument("--accelerator", default="cpu")
     ap.add_argument("--retain", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -125,7 +126,7 @@ def main() -> None:
                                          save_top_k=0))
     from lightning.pytorch.loggers import CSVLogger
 
-    trainer = pl.Trainer(accelerator="cpu", devices=args.devices, strategy=strategy,
+    trainer = pl.Trainer(accelerator=args.accelerator, devices=args.devices, strategy=strategy,
                          max_epochs=args.max_epochs, callbacks=callbacks,
                          precision=args.precision, accumulate_grad_batches=args.accumulate,
                          logger=CSVLogger(str(out / "logs"), name="run"),

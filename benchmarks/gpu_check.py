@@ -1,0 +1,233 @@
+"""GPU check: growth on CUDA, DDP/FSDP2 restructures over NCCL, Lightning strategies on a GPU.
+
+Run on a machine with one CUDA device: ``python benchmarks/gpu_check.py --out DIR``. Prints a
+table of checks and writes ``gpu_check.json``. Not part of the test suite (CI has no GPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+import perfora
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _timed(fn, repeats: int = 30) -> float:
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / repeats
+
+
+def growth_on_cuda() -> dict:
+    """Outputs unchanged by growth on CUDA (MLP, Conv2d), bf16 autocast, step-time ratios."""
+    torch.manual_seed(0)
+    dev = torch.device("cuda")
+    out: dict = {}
+    for name, build, shape in (
+        ("mlp", lambda: nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 10)),
+         (64, 256)),
+        ("conv", lambda: nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(),
+                                       nn.Flatten(), nn.Linear(16 * 8 * 8, 10)), (16, 3, 8, 8)),
+    ):
+        model = perfora.perforate(build()).to(dev)
+        ctl = perfora.GrowthController(model, write_files=False)
+        ctl.set_optimizer(torch.optim.Adam, lr=1e-3)
+        opt, _ = ctl.build_optimizer()
+        x = torch.randn(*shape, device=dev)
+        for _ in range(5):
+            opt.zero_grad()
+            model(x).square().mean().backward()
+            opt.step()
+        diffs = []
+        for _ in range(2):
+            with torch.no_grad():
+                before = model(x)
+            decision = ctl.add_dendrites()
+            with torch.no_grad():
+                after = decision.model(x)
+            diffs.append((after - before).abs().max().item())
+            opt = decision.optimizer
+            opt.zero_grad()
+            decision.model(x).square().mean().backward()
+            opt.step()
+        on_cuda = all(p.is_cuda for p in model.parameters())
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            y = model(x)
+        y.float().square().mean().backward()
+        finite = all(torch.isfinite(p.grad).all().item() for p in model.parameters()
+                     if p.grad is not None)
+        out[name] = {"growth_output_change": max(diffs), "params_on_cuda": on_cuda,
+                     "bf16_autocast_dtype": str(y.dtype), "bf16_grads_finite": finite}
+    # step time of a wide MLP: plain vs perforated with K = 0, 1, 2 (side by side)
+    width, batch = 2048, 4096
+    x = torch.randn(batch, width, device=dev)
+    times = {}
+    plain = nn.Sequential(nn.Linear(width, width), nn.ReLU(), nn.Linear(width, width)).to(dev)
+    models = {"plain": plain}
+    for k in (0, 1, 2):
+        torch.manual_seed(0)
+        m = perfora.perforate(nn.Sequential(nn.Linear(width, width), nn.ReLU(),
+                                            nn.Linear(width, width))).to(dev)
+        ctl = perfora.GrowthController(m, write_files=False)
+        for _ in range(k):
+            ctl.add_dendrites()
+        models[f"K={k}"] = m
+    for name, m in models.items():
+        opt = torch.optim.Adam(m.parameters(), lr=1e-4)
+
+        def step(m=m, opt=opt):
+            opt.zero_grad(set_to_none=True)
+            m(x).square().mean().backward()
+            opt.step()
+
+        times[name] = _timed(step)
+    out["step_ms"] = {k: round(v * 1e3, 3) for k, v in times.items()}
+    out["step_ratio_vs_plain"] = {k: round(v / times["plain"], 3) for k, v in times.items()}
+    return out
+
+
+def nccl_restructures() -> dict:
+    """World size 1 over NCCL: DDP re-wrap and FSDP2 re-shard on CUDA, checkpoint round trip."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29533")
+    dist.init_process_group("nccl", rank=0, world_size=1)
+    torch.cuda.set_device(0)
+    dev = torch.device("cuda", 0)
+    res: dict = {}
+    try:
+        torch.manual_seed(0)
+        model = perfora.perforate(nn.Sequential(nn.Linear(32, 64), nn.ReLU(),
+                                                nn.Linear(64, 5))).to(dev)
+        ddp = perfora.wrap_ddp(model, device_ids=[0])
+        ctl = perfora.GrowthController(ddp, write_files=False)
+        ctl.set_optimizer(torch.optim.Adam, lr=1e-3)
+        opt, _ = ctl.build_optimizer()
+        x = torch.randn(16, 32, device=dev)
+        opt.zero_grad()
+        ddp(x).sum().backward()
+        opt.step()
+        decision = ctl.add_dendrites()
+        new = decision.model
+        decision.optimizer.zero_grad()
+        new(x).sum().backward()
+        decision.optimizer.step()
+        res["ddp"] = {"rewrapped": isinstance(new, nn.parallel.DistributedDataParallel)
+                      and new is not ddp, "dendrites": ctl.num_dendrites,
+                      "on_cuda": all(p.is_cuda for p in new.parameters())}
+
+        mesh = init_device_mesh("cuda", (1,))
+        torch.manual_seed(0)
+        plain = perfora.perforate(nn.Sequential(nn.Linear(32, 64), nn.ReLU(),
+                                                nn.Linear(64, 5))).to(dev)
+        sharded = perfora.shard_fsdp2(plain, mesh=mesh)
+        ctl2 = perfora.GrowthController(sharded, write_files=False)
+        ctl2.set_optimizer(torch.optim.Adam, lr=1e-3)
+        opt2, _ = ctl2.build_optimizer()
+        opt2.zero_grad()
+        sharded(x).sum().backward()
+        opt2.step()
+        with torch.no_grad():
+            before = sharded(x)
+        d2 = ctl2.add_dendrites()
+        with torch.no_grad():
+            after = d2.model(x)
+        d2.optimizer.zero_grad()
+        d2.model(x).sum().backward()
+        d2.optimizer.step()
+        path = Path(os.environ.get("PERFORA_GPU_TMP", "/tmp")) / "fsdp2_gpu.safetensors"
+        ctl2.save(path)
+        ctl3 = perfora.GrowthController(
+            perfora.shard_fsdp2(perfora.perforate(nn.Sequential(
+                nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 5))).to(dev), mesh=mesh),
+            write_files=False)
+        ctl3.set_optimizer(torch.optim.Adam, lr=1e-3)
+        d3 = ctl3.load(path)
+        with torch.no_grad():
+            same = (d3.model(x) - d2.model(x)).abs().max().item()
+        res["fsdp2"] = {"growth_output_change": (after - before).abs().max().item(),
+                        "dendrites": ctl2.num_dendrites,
+                        "on_cuda": all(p.is_cuda for p in d2.model.parameters()),
+                        "resumed_output_diff": same,
+                        "optimizer_state_restored": bool(d3.optimizer.state)}
+    except Exception as exc:  # report, do not hide
+        res["error"] = f"{type(exc).__name__}: {exc}"
+    finally:
+        dist.destroy_process_group()
+    return res
+
+
+def lightning_runs(out: Path) -> dict:
+    """Real Trainer(accelerator='gpu', devices=1) fits through the test script."""
+    script = ROOT / "tests" / "lightning_scripts" / "run_digits.py"
+    runs = {
+        "ddp_bf16": ["--strategy", "ddp", "--precision", "bf16-mixed"],
+        "model_parallel": ["--strategy", "model_parallel"],
+        "single_accumulate": ["--strategy", "auto", "--accumulate", "2"],
+        "fsdp1": ["--strategy", "fsdp"],
+    }
+    res: dict = {}
+    env = dict(os.environ, PYTHONPATH=str(ROOT), CUBLAS_WORKSPACE_CONFIG=":4096:8")
+    for name in ("MASTER_ADDR", "MASTER_PORT"):  # left by the NCCL check: Lightning picks its own
+        env.pop(name, None)
+    for name, extra in runs.items():
+        run_dir = out / name
+        cmd = [sys.executable, str(script), "--out", str(run_dir), "--accelerator", "gpu",
+               "--devices", "1", "--max-epochs", "8", *extra]
+        start = time.perf_counter()
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+        entry: dict = {"rc": proc.returncode, "seconds": round(time.perf_counter() - start, 1)}
+        rec = run_dir / "rank0.pt"
+        if rec.exists():
+            data = torch.load(rec, weights_only=False)
+            entry.update({k: data[k] for k in ("num_dendrites", "events", "completed")})
+        if proc.returncode != 0:
+            lines = [ln for ln in proc.stderr.splitlines() if "Error" in ln]
+            entry["error"] = lines[-1][:400] if lines else proc.stderr[-400:]
+        res[name] = entry
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--out", type=Path, default=Path("gpu_check_out"))
+    ap.add_argument("--only", nargs="*", default=None, help="run only these checks")
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    if not torch.cuda.is_available():
+        raise SystemExit("gpu_check needs a CUDA device")
+    report = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__}
+    checks = {"growth_on_cuda": growth_on_cuda, "nccl": nccl_restructures,
+              "lightning": lambda: lightning_runs(args.out)}
+    for name, fn in checks.items():
+        if args.only and name not in args.only:
+            continue
+        start = time.perf_counter()
+        try:
+            report[name] = fn()
+        except Exception as exc:
+            report[name] = {"error": f"{type(exc).__name__}: {exc}"}
+        print(f"{name:16s} {time.perf_counter() - start:6.1f}s  "
+              f"{json.dumps(report[name], default=str)}", flush=True)
+    (args.out / "gpu_check.json").write_text(json.dumps(report, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()
