@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .config import PerforaConfig
+from .config import PerforaConfig, nearest_name
 from .controller import CONTINUE, Decision, GrowthController
 from .convert import layer_specs, perforate
 from .errors import ConfigError, PerforaError
@@ -205,9 +205,11 @@ class DendriteGrowth(Callback):
     def _read_monitor(self, trainer: pl.Trainer) -> float:
         metrics = trainer.callback_metrics
         if self.monitor not in metrics:
+            close = nearest_name(self.monitor, list(metrics))
+            hint = f" (did you mean {close!r}?)" if close else ""
             raise ConfigError(
                 f"DendriteGrowth(monitor={self.monitor!r}) found no such metric after "
-                f"validation; logged metrics are {sorted(metrics)}. Log it in "
+                f"validation{hint}; logged metrics are {sorted(metrics)}. Log it in "
                 f"validation_step, e.g. self.log({self.monitor!r}, value, sync_dist=True)")
         value = metrics[self.monitor]
         return float(value.item() if isinstance(value, torch.Tensor) else value)

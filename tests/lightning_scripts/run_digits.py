@@ -69,6 +69,13 @@ class DigitsNet(pl.LightningModule):
         return {"optimizer": opt, "lr_scheduler": sched}
 
 
+class GrowthWithoutRewrap(DendriteGrowth):
+    """Negative control: rebuild the optimizers but keep the old DDP wrapper."""
+
+    def _rebuild(self, trainer) -> None:
+        trainer.strategy.setup_optimizers(trainer)
+
+
 def flat_params(module: nn.Module) -> dict[str, torch.Tensor]:
     """Every parameter, full (FSDP2 DTensors gathered), by name."""
     out = {}
@@ -96,6 +103,7 @@ def main() -> None:
     ap.add_argument("--prepare", action="store_true", help="perforate before fit")
     ap.add_argument("--rule", default="gd")
     ap.add_argument("--accelerator", default="cpu")
+    ap.add_argument("--no-rewrap", action="store_true", help="negative control")
     ap.add_argument("--retain", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -111,7 +119,8 @@ def main() -> None:
         strategy = ModelParallelStrategy(data_parallel_size=args.devices,
                                          tensor_parallel_size=1, save_distributed_checkpoint=False)
     model = DigitsNet(shard=shard)
-    growth = DendriteGrowth(monitor="val_acc", mode="max", patience=args.patience,
+    growth_cls = GrowthWithoutRewrap if args.no_rewrap else DendriteGrowth
+    growth = growth_cls(monitor="val_acc", mode="max", patience=args.patience,
                             max_dendrites=args.max_dendrites, module="net", rule=args.rule,
                             switch_mode=args.switch_mode, fixed_switch_num=args.fixed_switch_num,
                             retain_all_dendrites=args.retain,
@@ -145,6 +154,7 @@ def main() -> None:
         "num_dendrites": growth.controller.num_dendrites if growth.controller else None,
         "events": decisions,
         "global_step": trainer.global_step,
+        "sharded": any(type(p).__name__ == "DTensor" for p in model.parameters()),
     }
     rank = int(os.environ.get("LOCAL_RANK", trainer.global_rank))
     if args.strategy == "ddp_spawn":

@@ -1,0 +1,213 @@
+"""The Lightning callback under real Trainers: ddp, ddp_spawn, ModelParallel (FSDP2) on CPU.
+
+Distributed fits run ``tests/lightning_scripts/run_digits.py`` in a subprocess (Lightning's
+ddp launcher re-executes the script for rank 1); every rank writes its final parameters
+and the callback's decisions. Each subprocess has a timeout, so a hang fails the test.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from lightning_scripts.run_digits import DigitsNet, digits_loaders
+
+import perfora
+from perfora.errors import ConfigError, PerforaError
+from perfora.lightning import DendriteGrowth, prime_optimizer_state
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "tests" / "lightning_scripts" / "run_digits.py"
+RUN_TIMEOUT = 240
+
+
+def run_fit(out: Path, *args: str, expect_ok: bool = True) -> subprocess.CompletedProcess:
+    """One ``trainer.fit`` in a fresh process group (2 CPU ranks unless told otherwise)."""
+    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+               OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    for name in ("MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "RANK", "WORLD_SIZE"):
+        env.pop(name, None)
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--out", str(out), *args], env=env,
+                          capture_output=True, text=True, timeout=RUN_TIMEOUT)
+    if expect_ok and proc.returncode != 0:
+        raise AssertionError(f"fit failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def record(out: Path, name: str = "rank0") -> dict:
+    return torch.load(out / f"{name}.pt", weights_only=False)
+
+
+def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max((a[k] - b[k]).abs().max().item() for k in a)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Fits shared by several tests, each run once and only when a test asks for it."""
+    base = tmp_path_factory.mktemp("lightning")
+    done: dict[str, Path] = {}
+
+    def get(name: str, *args: str) -> Path:
+        if name not in done:
+            run_fit(base / name, *args)
+            done[name] = base / name
+        return done[name]
+
+    return get
+
+
+# ---------------------------------------------------------------------- distributed fits
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_ddp_grows_keeps_ranks_identical_and_completion_stops_the_fit(runs):
+    out = runs("ddp_full", "--strategy", "ddp", "--max-epochs", "12", "--save-last")
+    r0, r1 = record(out, "rank0"), record(out, "rank1")
+    assert r0["events"].count("restructure") == 2 and r0["num_dendrites"] == 2
+    assert max_diff(r0["params"], r1["params"]) == 0.0
+    # max_dendrites=2 reached at the third cycle's end (epoch 9): the fit stops early
+    assert r0["completed"] and r0["should_stop"] and r0["events"][-1] == "complete"
+    assert r0["epochs_run"] == 9 < 12
+    assert r0["params"]["net.0.out_weight"].shape == (2, 16)
+    metrics = (out / "logs" / "run" / "version_0" / "metrics.csv").read_text()
+    assert "perfora/dendrites" in metrics and "perfora/params" in metrics
+    assert (out / "perfora" / "metrics.csv").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_negative_control_without_a_new_ddp_wrapper_the_ranks_diverge(tmp_path):
+    run_fit(tmp_path, "--strategy", "ddp", "--max-epochs", "5", "--no-rewrap")
+    r0, r1 = record(tmp_path, "rank0"), record(tmp_path, "rank1")
+    assert r0["num_dendrites"] == 1
+    assert max_diff(r0["params"], r1["params"]) > 1e-4
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_resume_after_a_restructure_ends_identical_to_an_uninterrupted_run(runs, tmp_path):
+    full = record(runs("ddp_full", "--strategy", "ddp", "--max-epochs", "12", "--save-last"))
+    first = tmp_path / "first"
+    run_fit(first, "--strategy", "ddp", "--max-epochs", "3", "--save-last")
+    assert record(first)["events"] == ["", "", "restructure"]  # stopped right after growth
+    ckpt = first / "ckpt" / "last.ckpt"
+    resumed_dir = tmp_path / "resumed"
+    run_fit(resumed_dir, "--strategy", "ddp", "--max-epochs", "12", "--ckpt-path", str(ckpt))
+    resumed = record(resumed_dir)
+    assert resumed["events"] == full["events"]
+    assert resumed["global_step"] == full["global_step"]
+    assert max_diff(resumed["params"], full["params"]) == 0.0
+    assert max_diff(resumed["params"], record(resumed_dir, "rank1")["params"]) == 0.0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_fsdp2_through_model_parallel_strategy_matches_ddp(runs):
+    ddp = record(runs("ddp8", "--strategy", "ddp", "--max-epochs", "8"))
+    out = runs("fsdp2", "--strategy", "model_parallel", "--max-epochs", "8")
+    fsdp = record(out)
+    assert fsdp["sharded"], "the grown model must still be sharded"
+    assert fsdp["events"] == ddp["events"] and fsdp["num_dendrites"] == 2
+    assert max_diff(fsdp["params"], ddp["params"]) < 1e-6
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_ddp_spawn_hands_the_grown_model_back_to_the_launching_process(tmp_path):
+    run_fit(tmp_path, "--strategy", "ddp_spawn", "--max-epochs", "7", "--prepare")
+    main = record(tmp_path, "main")
+    assert main["main_layers"] == {"net.0": 2, "net.2": 2}
+    assert main["params"]["net.2.out_weight"].shape == (2, 10)
+    assert main["params"]["net.2.out_weight"].abs().sum() > 0  # trained values, not zeros
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_bf16_mixed_and_gradient_accumulation_grow_and_stay_in_sync(tmp_path):
+    run_fit(tmp_path, "--strategy", "ddp", "--max-epochs", "6", "--precision", "bf16-mixed",
+            "--accumulate", "2", "--batch-size", "50")
+    r0, r1 = record(tmp_path, "rank0"), record(tmp_path, "rank1")
+    assert r0["num_dendrites"] == 2 and r0["events"][2] == r0["events"][5] == "restructure"
+    assert r0["global_step"] == 6 * 7  # 14 micro-batches per epoch, one step per 2
+    assert max_diff(r0["params"], r1["params"]) == 0.0
+    assert all(torch.isfinite(p).all() for p in r0["params"].values())
+
+
+# ---------------------------------------------------------------------- in-process checks
+def _trainer(tmp_path: Path, callback: DendriteGrowth, **kw) -> pl.Trainer:
+    return pl.Trainer(accelerator="cpu", devices=1, max_epochs=kw.pop("max_epochs", 4),
+                      callbacks=[callback], logger=False, enable_progress_bar=False,
+                      enable_model_summary=False, default_root_dir=str(tmp_path), **kw)
+
+
+@pytest.mark.timeout(120)
+def test_a_saved_checkpoint_loads_into_a_fresh_module_for_inference(tmp_path):
+    torch.manual_seed(0)
+    model = DigitsNet()
+    growth = DendriteGrowth(monitor="val_acc", mode="max", module="net", switch_mode="fixed",
+                            fixed_switch_num=2, max_dendrites=1)
+    trainer = _trainer(tmp_path, growth, max_epochs=3)
+    train, val = digits_loaders(100)
+    trainer.fit(model, train, val)
+    assert growth.controller.num_dendrites == 1
+    trainer.save_checkpoint(tmp_path / "grown.ckpt")
+    fresh = DigitsNet()
+    DendriteGrowth(module="net").prepare(fresh)  # perforated, no dendrites yet
+    state = torch.load(tmp_path / "grown.ckpt", weights_only=False)["state_dict"]
+    fresh.load_state_dict(state)  # each layer takes the saved dendrite count
+    x = torch.rand(5, 64)
+    with torch.no_grad():
+        assert torch.equal(fresh(x), model(x))
+
+
+@pytest.mark.timeout(120)
+def test_a_missing_monitor_names_the_logged_metrics(tmp_path):
+    growth = DendriteGrowth(monitor="val_accuracy", mode="max", module="net")
+    train, val = digits_loaders(200)
+    expected = r"did you mean 'val_acc'\?.*\['train_loss', 'val_acc', 'val_loss'\]"
+    with pytest.raises(ConfigError, match=expected):
+        _trainer(tmp_path, growth, max_epochs=1).fit(DigitsNet(), train, val)
+
+
+def test_bad_arguments_raise_clear_errors():
+    with pytest.raises(ConfigError, match="mode must be 'min' or 'max'"):
+        DendriteGrowth(mode="maximum")
+    with pytest.raises(ConfigError, match="max_dendrites"):
+        DendriteGrowth(max_dendrites=-1)
+    with pytest.raises(ConfigError, match=r"no such submodule; its children are \['net'\]"):
+        DendriteGrowth(module="backbone").prepare(DigitsNet())
+
+
+@pytest.mark.timeout(60)
+def test_unsupported_strategies_are_refused_with_the_alternative(tmp_path):
+    from lightning.pytorch.strategies import FSDPStrategy
+
+    growth = DendriteGrowth(module="net")
+    with pytest.raises(PerforaError, match="ModelParallelStrategy"):
+        growth._check_strategy(FSDPStrategy())
+    spawn = pl.Trainer(accelerator="cpu", devices=2, strategy="ddp_spawn", logger=False)
+    with pytest.raises(PerforaError, match=r"growth.prepare\(model\)"):
+        growth.setup(spawn, DigitsNet(), "fit")
+    model = DigitsNet()
+    growth.prepare(model)  # perforated in the launching process: accepted
+    growth.setup(spawn, model, "fit")
+    assert perfora.dendritic_layers(model.net)
+
+
+def test_primed_adam_takes_the_same_first_step_as_a_fresh_one():
+    torch.manual_seed(0)
+    a = torch.nn.Parameter(torch.randn(4, 3))
+    b = torch.nn.Parameter(a.detach().clone())
+    fresh, primed = torch.optim.Adam([a], lr=0.1), torch.optim.Adam([b], lr=0.1)
+    prime_optimizer_state(primed)
+    assert primed.state and b.grad is None and torch.equal(a, b)
+    for p, opt in ((a, fresh), (b, primed)):
+        p.grad = torch.full_like(p, 0.5)
+        opt.step()
+    assert torch.equal(a, b)
