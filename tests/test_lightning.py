@@ -211,3 +211,20 @@ def test_primed_adam_takes_the_same_first_step_as_a_fresh_one():
         p.grad = torch.full_like(p, 0.5)
         opt.step()
     assert torch.equal(a, b)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_example_grows_dendrites_that_beat_the_baseline(tmp_path):
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    for name in ("MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "RANK", "WORLD_SIZE"):
+        env.pop(name, None)
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "lightning_digits.py"),
+                           "--patience", "3", "--max-epochs", "40", "--out", str(tmp_path)],
+                          env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT,
+                          cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "dendrites=3" in proc.stdout
+    rows = (tmp_path / "perfora" / "best_arch_scores.csv").read_text().splitlines()[1:]
+    best = [float(row.split(",")[2]) for row in rows]
+    assert len(best) == 4 and best[-1] > best[0]  # each kept set beat the best before it

@@ -1,0 +1,98 @@
+"""Grow dendrites in a Lightning fit: sklearn digits, DDP on 2 CPU processes.
+
+    python examples/lightning_digits.py                   # ddp, devices=2, on CPU
+    python examples/lightning_digits.py --strategy ddp_spawn
+    python examples/lightning_digits.py --devices 1 --strategy auto
+
+The only perfora lines are the import, the callback in ``Trainer(callbacks=[...])`` and,
+for ``ddp_spawn``, ``growth.prepare(model)`` before ``fit``.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from sklearn.datasets import load_digits
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from perfora.lightning import DendriteGrowth
+
+
+class DigitsClassifier(pl.LightningModule):
+    """A plain MLP classifier; nothing in it knows about dendrites."""
+
+    def __init__(self, hidden: int = 16, lr: float = 3e-3) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.net = nn.Sequential(nn.Linear(64, hidden), nn.ReLU(), nn.Linear(hidden, 10))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = nn.functional.cross_entropy(self(x), y)
+        self.log("train_loss", loss)
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        acc = (self(x).argmax(-1) == y).float().mean()
+        self.log("val_acc", acc, sync_dist=True, prog_bar=True)
+
+    def configure_optimizers(self):
+        # perfora calls this again after every growth step, over the new parameters
+        return torch.optim.Adam((p for p in self.parameters() if p.requires_grad),
+                                lr=self.hparams.lr)
+
+
+def digits_loaders(batch_size: int = 64) -> tuple[DataLoader, DataLoader]:
+    """sklearn's 8x8 digits, a fixed 80/20 split."""
+    x, y = load_digits(return_X_y=True)
+    x = torch.tensor(x / 16.0, dtype=torch.float32)
+    y = torch.tensor(y)
+    perm = torch.randperm(len(x), generator=torch.Generator().manual_seed(0))
+    train, val = perm[:1440], perm[1440:]
+    return (DataLoader(TensorDataset(x[train], y[train]), batch_size=batch_size, shuffle=True),
+            DataLoader(TensorDataset(x[val], y[val]), batch_size=256))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--strategy", default="ddp")
+    ap.add_argument("--devices", type=int, default=2)
+    ap.add_argument("--max-epochs", type=int, default=150)
+    ap.add_argument("--patience", type=int, default=8)
+    ap.add_argument("--max-dendrites", type=int, default=3)
+    ap.add_argument("--out", default="lightning_runs")
+    args = ap.parse_args()
+    pl.seed_everything(0, workers=True)
+
+    model = DigitsClassifier()
+    growth = DendriteGrowth(monitor="val_acc", mode="max", patience=args.patience,
+                            max_dendrites=args.max_dendrites, module="net")
+    if args.strategy.startswith("ddp_spawn"):
+        growth.prepare(model)  # the launching process must hold the perforated model
+    trainer = pl.Trainer(
+        accelerator="cpu", devices=args.devices, strategy=args.strategy,
+        max_epochs=args.max_epochs, default_root_dir=args.out, log_every_n_steps=10,
+        callbacks=[growth, ModelCheckpoint(monitor="val_acc", mode="max", save_last=True)],
+        enable_progress_bar=False)
+    train, val = digits_loaders()
+    trainer.fit(model, train, val)
+
+    if trainer.is_global_zero:
+        ctl = growth.controller
+        dendrites = ctl.num_dendrites if ctl else "see the launching process"
+        print(f"stopped after epoch {trainer.current_epoch}: dendrites={dendrites}, "
+              f"best val_acc={ctl.best_score if ctl else float('nan'):.4f}, "
+              f"parameters={sum(p.numel() for p in model.parameters())}, "
+              f"run files in {args.out}/perfora")
+
+
+if __name__ == "__main__":
+    main()
