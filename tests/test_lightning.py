@@ -109,8 +109,8 @@ def test_resume_after_a_restructure_ends_identical_to_an_uninterrupted_run(runs,
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_fsdp2_through_model_parallel_strategy_matches_ddp(runs):
-    ddp = record(runs("ddp8", "--strategy", "ddp", "--max-epochs", "8"))
-    out = runs("fsdp2", "--strategy", "model_parallel", "--max-epochs", "8")
+    ddp = record(runs("ddp_full", "--strategy", "ddp", "--max-epochs", "12", "--save-last"))
+    out = runs("fsdp2", "--strategy", "model_parallel", "--max-epochs", "12")
     fsdp = record(out)
     assert fsdp["sharded"], "the grown model must still be sharded"
     assert fsdp["events"] == ddp["events"] and fsdp["num_dendrites"] == 2
