@@ -649,6 +649,21 @@ class GrowthController:
             meta["scheduler"] = _jsonable_or_none(self.scheduler.state_dict())
         return Checkpoint(tensors=tensors, meta=meta)
 
+    def match_structure(self, specs: Mapping[str, Mapping[str, Any]]) -> nn.Module:
+        """Give the model a saved dendrite structure before its weights are loaded elsewhere.
+
+        Under FSDP2 the model is unsharded, resized and sharded again (a collective); the
+        returned model replaces the old one. The new dendrites hold zeros until the load."""
+        self._unshard()
+        try:
+            rebuild_structure(self.model, specs)
+        except ConversionError as exc:
+            raise CheckpointError(f"the saved structure does not fit this model: {exc}") from exc
+        self.state.num_dendrites = self._layer_dendrites()
+        self.rule.apply(self._layers())
+        self._sync_structure()
+        return self.model
+
     @property
     def best_snapshot(self) -> tuple[dict, dict[str, torch.Tensor]] | None:
         """(structure, tensors) of the best model so far, kept in memory for the rewind."""

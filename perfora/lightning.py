@@ -11,6 +11,7 @@ restores the best model and stops the fit. Lightning is an optional dependency
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -148,6 +149,26 @@ class DendriteGrowth(Callback):
         self.prepare(pl_module)
         self._pl_module = pl_module
         self.controller = None
+        if isinstance(strategy, ModelParallelStrategy):
+            self._regrow_before_checkpoint_load(trainer, pl_module)
+
+    def _regrow_before_checkpoint_load(self, trainer: pl.Trainer,
+                                       pl_module: pl.LightningModule) -> None:
+        """ModelParallelStrategy restores a checkpoint into the sharded model, after setup:
+        give the model the saved dendrite structure first (re-sharded), then let it load."""
+        strategy = trainer.strategy
+        load = strategy.load_checkpoint
+
+        def load_checkpoint(checkpoint_path: Any, *args: Any, **kwargs: Any) -> Any:
+            saved = saved_callback_state(Path(strategy.broadcast(checkpoint_path)),
+                                         self.state_key)
+            if saved and saved.get("structure") and self.controller is not None:
+                grown = self.controller.match_structure(saved["structure"])
+                self._set_target(pl_module, grown)
+                self._rebuild(trainer)
+            return load(checkpoint_path, *args, **kwargs)
+
+        strategy.load_checkpoint = load_checkpoint  # this Trainer's strategy only
 
     def _check_strategy(self, strategy: Any) -> None:
         if isinstance(strategy, FSDPStrategy):
@@ -306,6 +327,16 @@ def prime_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
             state["step"] = torch.zeros_like(step)
         elif step is not None:
             state["step"] = 0
+
+
+def saved_callback_state(path: Path, key: str) -> dict[str, Any] | None:
+    """This callback's entry in a Lightning checkpoint: one file, or a distributed
+    checkpoint folder whose ``meta.pt`` holds everything but the sharded tensors."""
+    source = path / "meta.pt" if path.is_dir() else path
+    if not source.exists():
+        return None
+    checkpoint = torch.load(source, map_location="cpu", weights_only=False)
+    return checkpoint.get("callbacks", {}).get(key)
 
 
 def _counts(specs: Mapping[str, Mapping[str, Any]]) -> dict[str, int]:

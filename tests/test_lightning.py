@@ -118,6 +118,22 @@ def test_fsdp2_through_model_parallel_strategy_matches_ddp(runs):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_fsdp2_resume_from_a_distributed_checkpoint_ends_identical(runs, tmp_path):
+    full = record(runs("fsdp2", "--strategy", "model_parallel", "--max-epochs", "12"))
+    first = tmp_path / "first"
+    run_fit(first, "--strategy", "model_parallel", "--max-epochs", "3", "--save-last", "--dcp")
+    ckpt = first / "ckpt" / "last.ckpt"
+    assert (ckpt / "meta.pt").exists()  # a folder of shards, written after the growth step
+    resumed_dir = tmp_path / "resumed"
+    run_fit(resumed_dir, "--strategy", "model_parallel", "--max-epochs", "12",
+            "--ckpt-path", str(ckpt))
+    resumed = record(resumed_dir)
+    assert resumed["sharded"] and resumed["events"] == full["events"]
+    assert max_diff(resumed["params"], full["params"]) == 0.0
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_ddp_spawn_hands_the_grown_model_back_to_the_launching_process(tmp_path):
     run_fit(tmp_path, "--strategy", "ddp_spawn", "--max-epochs", "7", "--prepare")

@@ -104,6 +104,7 @@ def main() -> None:
     ap.add_argument("--rule", default="gd")
     ap.add_argument("--accelerator", default="cpu")
     ap.add_argument("--no-rewrap", action="store_true", help="negative control")
+    ap.add_argument("--dcp", action="store_true", help="ModelParallel: distributed checkpoints")
     ap.add_argument("--retain", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -117,7 +118,8 @@ def main() -> None:
         from lightning.pytorch.strategies import ModelParallelStrategy
 
         strategy = ModelParallelStrategy(data_parallel_size=args.devices,
-                                         tensor_parallel_size=1, save_distributed_checkpoint=False)
+                                         tensor_parallel_size=1,
+                                         save_distributed_checkpoint=args.dcp)
     model = DigitsNet(shard=shard)
     growth_cls = GrowthWithoutRewrap if args.no_rewrap else DendriteGrowth
     growth = growth_cls(monitor="val_acc", mode="max", patience=args.patience,
