@@ -1,4 +1,8 @@
-"""perfora: grow PyTorch models during training by adding artificial dendrites."""
+"""perfora: grow PyTorch models during training by adding artificial dendrites.
+
+The Lightning callback lives in :mod:`perfora.lightning` (optional dependency:
+``pip install "perfora[lightning]"``); ``perfora.compat`` holds the PerforatedAI names.
+"""
 
 __version__ = "0.1.0"
 
