@@ -208,6 +208,8 @@ class DendriteGrowth(Callback):
         if trainer.state.fn != "fit":
             return
         score = self._read_monitor(trainer)
+        # read-only for the controller: the learning rate in metrics.csv and history.png
+        self.controller.optimizer = trainer.optimizers[0] if trainer.optimizers else None
         decision = self.controller.step(score, model=self.target(pl_module))
         self.last_decision = decision
         if decision.action != CONTINUE:
