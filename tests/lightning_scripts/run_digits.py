@@ -168,6 +168,11 @@ def main() -> None:
         torch.save(record, out / f"rank{rank}.pt")
     if rank == 0:
         (out / "done.json").write_text(json.dumps({"epochs_run": record["epochs_run"]}))
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()  # both ranks have written their records: leave together
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
