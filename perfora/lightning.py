@@ -149,13 +149,14 @@ class DendriteGrowth(Callback):
         self.prepare(pl_module)
         self._pl_module = pl_module
         self.controller = None
-        if isinstance(strategy, ModelParallelStrategy):
+        if isinstance(strategy, ModelParallelStrategy | DeepSpeedStrategy):
             self._regrow_before_checkpoint_load(trainer, pl_module)
 
     def _regrow_before_checkpoint_load(self, trainer: pl.Trainer,
                                        pl_module: pl.LightningModule) -> None:
-        """ModelParallelStrategy restores a checkpoint into the sharded model, after setup:
-        give the model the saved dendrite structure first (re-sharded), then let it load."""
+        """ModelParallelStrategy and DeepSpeed restore a checkpoint into the wrapped model,
+        after setup: give the model the saved dendrite structure first (re-sharded or in a
+        new engine), then let the strategy load."""
         strategy = trainer.strategy
         load = strategy.load_checkpoint
 
@@ -177,11 +178,11 @@ class DendriteGrowth(Callback):
                 "perfora cannot add dendrites in place. Use FSDP2: strategy="
                 "ModelParallelStrategy() with perfora.shard_fsdp2(self.<module>, mesh="
                 "self.device_mesh['data_parallel']) in configure_model")
-        if isinstance(strategy, DeepSpeedStrategy):
+        if isinstance(strategy, DeepSpeedStrategy) and _zero_stage(strategy) == 3:
             raise PerforaError(
-                "strategy='deepspeed' is not supported: DeepSpeed owns the parameters and "
-                "the optimizer, and re-initializing it after growth is untested. Use "
-                "strategy='ddp', or FSDP2 through ModelParallelStrategy")
+                "DeepSpeed ZeRO stage 3 partitions the parameters, so perfora cannot add "
+                "dendrites in place; use ZeRO stage 1 or 2 (strategy='deepspeed_stage_2'), "
+                "or FSDP2 through ModelParallelStrategy")
         if isinstance(strategy, ModelParallelStrategy) and self.module_path is None:
             raise ConfigError("under ModelParallelStrategy give DendriteGrowth(module=...) the "
                               "submodule you shard with perfora.shard_fsdp2 in configure_model")
@@ -240,6 +241,9 @@ class DendriteGrowth(Callback):
     def _rebuild(self, trainer: pl.Trainer) -> None:
         """New DDP wrapper over the new parameters, then configure_optimizers() again."""
         strategy = trainer.strategy
+        if isinstance(strategy, DeepSpeedStrategy):
+            _reinitialize_deepspeed(strategy)
+            return
         if isinstance(strategy, DDPStrategy):
             strategy.model = strategy.lightning_module  # drop the old wrapper's buckets
             strategy.configure_ddp()
@@ -331,10 +335,33 @@ def prime_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
             state["step"] = 0
 
 
+def _zero_stage(strategy: Any) -> int:
+    config = strategy.config if isinstance(getattr(strategy, "config", None), dict) else {}
+    return int((config.get("zero_optimization") or {}).get("stage", 0))
+
+
+def _reinitialize_deepspeed(strategy: Any) -> None:
+    """A new DeepSpeed engine (ZeRO 0-2) over the grown module and a new optimizer.
+
+    The old engine's gradient hooks are removed first (``engine.destroy()``), then
+    Lightning's own training initialization runs again: ``configure_optimizers`` and
+    ``deepspeed.initialize``. (Not ``init_deepspeed``: during validation it would build an
+    inference engine.)"""
+    engine = strategy.model
+    destroy = getattr(engine, "destroy", None)
+    if callable(destroy):
+        destroy()
+    strategy.model = strategy.lightning_module
+    strategy._initialize_deepspeed_train(strategy.model)
+
+
 def saved_callback_state(path: Path, key: str) -> dict[str, Any] | None:
-    """This callback's entry in a Lightning checkpoint: one file, or a distributed
-    checkpoint folder whose ``meta.pt`` holds everything but the sharded tensors."""
-    source = path / "meta.pt" if path.is_dir() else path
+    """This callback's entry in a Lightning checkpoint: one file, a distributed checkpoint
+    folder (``meta.pt`` holds everything but the shards) or a DeepSpeed folder."""
+    source = path
+    if path.is_dir():
+        deepspeed_files = sorted((path / "checkpoint").glob("mp_rank_*_model_states.pt"))
+        source = deepspeed_files[0] if deepspeed_files else path / "meta.pt"
     if not source.exists():
         return None
     checkpoint = torch.load(source, map_location="cpu", weights_only=False)
