@@ -819,8 +819,12 @@ class Analyzer:
                           None)
         if batch_loop is loop:
             self.manual(loop, "this loop trains batches but has no epoch loop around it "
-                        "(no recognisable epoch): report a validation score by hand where an "
-                        "epoch ends")
+                        "(no recognisable epoch): left as it is. Report a validation score by "
+                        "hand at the end of each evaluation period (native: decision = "
+                        "controller.step(score), take decision.optimizer when "
+                        "decision.restructured, stop when decision.complete; compat: model, "
+                        "restructured, training_complete = GPA.pai_tracker."
+                        "add_validation_score(score, model))")
             return
         if not isinstance(loop.body, cst.IndentedBlock):
             self.manual(loop, "one-line loop; report the validation score by hand")

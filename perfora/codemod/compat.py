@@ -138,7 +138,7 @@ def compat_edits(script: Script, opts: ConvertOptions, line_of) -> Edits:
               f"UPA.perforate_model on `{x}`")
     if multi:
         _wrap(s, edits, args, line_of)
-    _batch(s, edits, opts, imports, line_of)
+    _batch(s, edits, opts, imports, line_of, args if s.argparse is None else None)
     _loop(s, edits, optim_args, sched_args, line_of)
     if multi and s.loop is not None and s.loop.batch is not None and \
             needs_import(s, "torch"):
@@ -176,8 +176,10 @@ def _wrap(s: Script, edits: Edits, args: str | None, line_of) -> None:
     new_stmt = wrap.stmt.with_changes(body=[assign.with_changes(value=call)],
                                       leading_lines=[])
     if args is not None:
-        template = statements((WRAP_DDP if ddp else WRAP_DP).format(
-            flag=f"{args}.perforate_model_parallel"))
+        text = (WRAP_DDP if ddp else WRAP_DP).format(flag=f"{args}.perforate_model_parallel")
+        if wrap.target != s.model_var:  # the initialization run trains the bare model
+            text += f"else:\n    {wrap.target} = {s.model_var}\n"
+        template = statements(text)
     else:  # no flags here: wrap as in the seed's normal training mode
         template = statements("GPA.pai_tracker.initialize_tracker_settings()\n__perfora_wrap__")
 
@@ -193,7 +195,8 @@ def _wrap(s: Script, edits: Edits, args: str | None, line_of) -> None:
               + ", inside the seed's initialization-run condition")
 
 
-def _batch(s: Script, edits: Edits, opts: ConvertOptions, imports: list[str], line_of) -> None:
+def _batch(s: Script, edits: Edits, opts: ConvertOptions, imports: list[str], line_of,
+           new_args: str | None) -> None:
     """DP/DDP: zero-filled gradients before backward(); the initialization run's exit."""
     if s.wrap is None or s.loop is None or s.loop.batch is None:
         return
@@ -212,8 +215,9 @@ def _batch(s: Script, edits: Edits, opts: ConvertOptions, imports: list[str], li
             edits.insert_before(batch.backward, pre)
         note_done(s.findings, line_of(batch.backward), "zero-filled gradients before "
                   "backward() (the seed's DDP fix; harmless with perfora)")
-    if batch.args_name is not None:
-        flag = f"{batch.args_name}.perforate_model_parallel"
+    args_name = batch.args_name or new_args  # a parser perfora added is module-level
+    if args_name is not None:
+        flag = f"{args_name}.perforate_model_parallel"
     else:
         flag = "'--perforate_model_parallel' in sys.argv"
         if needs_import(s, "sys"):

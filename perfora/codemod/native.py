@@ -30,7 +30,8 @@ def native_edits(script: Script, opts: ConvertOptions, line_of) -> Edits:
     block = [
         f"{x} = perfora.perforate({x})  # perfora: layers that can grow dendrites",
         f"{ctl} = perfora.GrowthController(",
-        f"    {x}, perfora.PerforaConfig({config}), run_dir={run_dir!r})",
+        f"    {x}, perfora.PerforaConfig({config}),",
+        f"    run_dir={run_dir!r})",
     ]
     if s.optimizer is not None:
         site = s.optimizer
