@@ -71,7 +71,7 @@ class _Apply(cst.CSTTransformer):
                     replacement[0] = first.with_changes(
                         leading_lines=[*upd.leading_lines, *first.leading_lines])
                 else:
-                    carry.extend(upd.leading_lines)
+                    carry.extend([*upd.leading_lines, *_inner_comments(upd)])
                 new.extend(replacement)
             else:
                 new.append(upd)
@@ -91,3 +91,18 @@ class _Apply(cst.CSTTransformer):
 
     def leave_Module(self, original: cst.Module, updated: cst.Module) -> cst.Module:
         return updated.with_changes(body=self._body(list(original.body), list(updated.body)))
+
+
+def _inner_comments(stmt: cst.CSTNode) -> list[cst.EmptyLine]:
+    """The comments inside and after a removed statement, as comment lines to keep."""
+    found: list[cst.EmptyLine] = []
+
+    class Visitor(cst.CSTVisitor):
+        def visit_EmptyLine(self, node: cst.EmptyLine) -> bool:
+            return False  # leading lines: kept by the caller
+
+        def visit_Comment(self, node: cst.Comment) -> None:
+            found.append(cst.EmptyLine(comment=node))
+
+    stmt.visit(Visitor())
+    return found

@@ -30,7 +30,7 @@ loader = DataLoader(train_set, batch_size=32, sampler=sampler)
 x_val, y_val = x[384:][rank::world], y[384:][rank::world]
 
 model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
-model = nn.parallel.DistributedDataParallel(model, broadcast_buffers=False)
+model = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=1)
 optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
 scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=5, gamma=0.7)
 

@@ -30,7 +30,7 @@ sched = optim.lr_scheduler.ReduceLROnPlateau(opt, mode='min', factor=0.5, patien
 
 for epoch in range(1, args.epochs + 1):
     net.train()
-    running = 0.0
+    running, batches = 0.0, 0
     for i, (xb, yb) in enumerate(train_loader):
         opt.zero_grad()
         out = net(xb)
@@ -38,9 +38,10 @@ for epoch in range(1, args.epochs + 1):
         loss.backward()
         opt.step()
         running += loss.item()
+        batches = i + 1
     net.eval()
     with torch.no_grad():
         val_loss = loss_fn(net(val_x), val_y).item()
         val_acc = (net(val_x).argmax(1) == val_y).float().mean().item()
     sched.step(val_loss)
-    print(f"[{epoch}] train {running / (i + 1):.3f} val_loss {val_loss:.3f} acc {val_acc:.3f}")
+    print(f"[{epoch}] train {running / batches:.3f} val_loss {val_loss:.3f} acc {val_acc:.3f}")
