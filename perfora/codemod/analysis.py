@@ -83,6 +83,21 @@ def call_attr(node: cst.CSTNode, attr: str, nested: bool = False) -> list[cst.Ca
     return found
 
 
+def inner_comments(stmt: cst.CSTNode) -> str | None:
+    """The comments inside and after a statement (not above it), joined; None without."""
+    found: list[str] = []
+
+    class Visitor(cst.CSTVisitor):
+        def visit_EmptyLine(self, node: cst.EmptyLine) -> bool:
+            return False
+
+        def visit_Comment(self, node: cst.Comment) -> None:
+            found.append(node.value.lstrip("#").strip())
+
+    stmt.visit(Visitor())
+    return "# " + "; ".join(found) if found else None
+
+
 def assigned_names(stmt: cst.CSTNode) -> set[str]:
     """Names a statement binds (assignment targets, for targets, with-as, defs, imports)."""
     names: set[str] = set()
@@ -134,6 +149,8 @@ class OptimizerSite:
     sched_kwargs: list[tuple[str, str]] = field(default_factory=list)
     plateau_mode: str | None = None
     used_names: set[str] = field(default_factory=set)
+    opt_comment: str | None = None      # the comments written in/after the statements
+    sched_comment: str | None = None
 
 
 @dataclass
@@ -529,7 +546,8 @@ class Analyzer:
                         "left as it is: register it by hand")
             return None
         site = OptimizerSite([stmt], stmt, opt_var, None, code(call.func),
-                             [(k, code(v)) for k, v in kwargs])
+                             [(k, code(v)) for k, v in kwargs],
+                             opt_comment=inner_comments(stmt))
         site.used_names = set().union(*(root_names(v) for _, v in kwargs)) if kwargs else set()
         self.script.model_var = model_var
         self.script.scope = func
@@ -606,6 +624,7 @@ class Analyzer:
                 mode, cst.SimpleString) else "min" if mode is None else None
         if not subst and stmt not in site.stmts:
             site.stmts.append(stmt)
+            site.sched_comment = inner_comments(stmt)
         return True
 
     def _optimizer_in_helper(self, call: cst.Call, helper: cst.FunctionDef, model_param: str,
@@ -686,7 +705,8 @@ class Analyzer:
             return None
         kwargs = [(k, _substitute(v, subst)) for k, v in kwargs]
         site = OptimizerSite([site_stmt], site_stmt, opt_var, None, code(call.func),
-                             [(k, code(v)) for k, v in kwargs])
+                             [(k, code(v)) for k, v in kwargs],
+                             opt_comment=inner_comments(site_stmt))
         site.used_names = set().union(*(root_names(v) for _, v in kwargs)) if kwargs else set()
         sched_local = next((r for r in ret if r not in (opt_local,)), None)
         if sched_local is not None:

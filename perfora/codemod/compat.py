@@ -118,7 +118,9 @@ def compat_edits(script: Script, opts: ConvertOptions, line_of) -> Edits:
     if s.optimizer is not None:
         site = s.optimizer
         opt, sched = opt_names(s)
-        lines = [f"GPA.pai_tracker.set_optimizer({site.opt_cls})  # SAME optimizer type"]
+        # the user's comments on the replaced lines, kept above them
+        lines = [c for c in (site.opt_comment, site.sched_comment) if c]
+        lines.append(f"GPA.pai_tracker.set_optimizer({site.opt_cls})  # SAME optimizer type")
         if site.sched_cls is not None:
             lines.append(f"GPA.pai_tracker.set_scheduler({site.sched_cls})  # SAME scheduler "
                          "type")
@@ -131,7 +133,7 @@ def compat_edits(script: Script, opts: ConvertOptions, line_of) -> Edits:
         lines.append(f"{opt}, {sched} = GPA.pai_tracker.setup_optimizer({call_args})")
         stmts += with_blank_line(statements("\n".join(lines)))
         for stmt in site.stmts:
-            edits.remove(stmt)
+            edits.remove(stmt, keep_comments=False)  # they are on the new lines
     edits.insert_before(s.insert_at, stmts)
     note_done(s.findings, line_of(s.insert_at), f"UPA.perforate_model on `{x}`, the newest "
               "switch_N loaded before the optimizer" if args else

@@ -34,6 +34,7 @@ class Edits:
         self.before: dict[int, list[cst.BaseStatement]] = defaultdict(list)
         self.after: dict[int, list[cst.BaseStatement]] = defaultdict(list)
         self.replace: dict[int, list[cst.BaseStatement]] = {}
+        self.drop_comments: set[int] = set()
 
     def insert_before(self, stmt: cst.CSTNode, new: list[cst.BaseStatement]) -> None:
         self.before[id(stmt)].extend(new)
@@ -44,8 +45,12 @@ class Edits:
     def replace_with(self, stmt: cst.CSTNode, new: list[cst.BaseStatement]) -> None:
         self.replace[id(stmt)] = list(new)
 
-    def remove(self, stmt: cst.CSTNode) -> None:
+    def remove(self, stmt: cst.CSTNode, keep_comments: bool = True) -> None:
+        """Remove a statement; its comments move to the next one unless ``keep_comments``
+        is False (the caller put them elsewhere)."""
         self.replace[id(stmt)] = []
+        if not keep_comments:
+            self.drop_comments.add(id(stmt))
 
     def __bool__(self) -> bool:
         return bool(self.before or self.after or self.replace)
@@ -71,7 +76,9 @@ class _Apply(cst.CSTTransformer):
                     replacement[0] = first.with_changes(
                         leading_lines=[*upd.leading_lines, *first.leading_lines])
                 else:
-                    carry.extend([*upd.leading_lines, *_inner_comments(upd)])
+                    carry.extend(upd.leading_lines)
+                    if id(orig) not in self.edits.drop_comments:
+                        carry.extend(_inner_comments(upd))
                 new.extend(replacement)
             else:
                 new.append(upd)

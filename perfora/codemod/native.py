@@ -37,12 +37,12 @@ def native_edits(script: Script, opts: ConvertOptions, line_of) -> Edits:
         site = s.optimizer
         opt, sched = opt_names(s)
         kwargs = "".join(f", {k}={v}" for k, v in site.opt_kwargs)
-        block.append(f"{ctl}.set_optimizer({site.opt_cls}{kwargs})  # rebuilt after "
-                     "restructures")
+        block.append(f"{ctl}.set_optimizer({site.opt_cls}{kwargs})  "
+                     + (site.opt_comment or "# rebuilt after restructures"))
         if site.sched_cls is not None:
             skw = "".join(f", {k}={v}" for k, v in site.sched_kwargs)
-            block.append(f"{ctl}.set_scheduler({site.sched_cls}{skw})  # stepped by "
-                         f"{ctl}.step()")
+            block.append(f"{ctl}.set_scheduler({site.sched_cls}{skw})  "
+                         + (site.sched_comment or f"# stepped by {ctl}.step()"))
         args = add_flags(s, edits, [(RESUME_FLAG, "type=str, default=None, help='resume a "
                                      "perfora run: latest, best, switch_N or a checkpoint "
                                      "path'")], imports)
@@ -58,7 +58,7 @@ def native_edits(script: Script, opts: ConvertOptions, line_of) -> Edits:
         else:
             block.append(f"{opt}, {sched} = {ctl}.build_optimizer()")
         for stmt in site.stmts:
-            edits.remove(stmt)
+            edits.remove(stmt, keep_comments=False)  # they are on the new lines
     edits.insert_before(s.insert_at, with_blank_line(statements("\n".join(block))))
     note_done(s.findings, line_of(s.insert_at), f"perforated `{x}` and created the growth "
               f"controller (run files in {run_dir}/)")
