@@ -471,3 +471,12 @@ def test_compat_dataparallel_initialization_run(tmp_path):
     assert "Initialization complete" in proc.stdout
     assert (tmp_path / "PAI" / "pai_tracker_settings.json").is_file()
     assert not list((tmp_path / "PAI").glob("switch_*.pt"))
+
+
+def test_readme_diff_is_what_the_tool_prints():
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## `perfora convert`", 1)[1].split("\n## ", 1)[0]
+    shown = section.split("```diff\n", 1)[1].split("```", 1)[0]
+    path = "tests/convert_corpus/ddp_torchrun.py"
+    assert shown == convert_source(source("ddp_torchrun"), "native",
+                                   name="ddp_torchrun").diff(path)

@@ -70,10 +70,13 @@ if not {flag}:
     GPA.pai_tracker.initialize_tracker_settings()
     __perfora_wrap__
 """
-PRE_INIT = """\
-# Pre-initialize gradients for {what} compatibility
+PRE_INIT_DP = "# Pre-initialize gradients for multi-GPU compatibility (optional)\n"
+PRE_INIT_DDP = """\
+# Pre-initialize gradients for DDP compatibility
 # PerforatedAI's selective training means some params won't get gradients from backward()
 # Initialize them to zero so DDP's allreduce doesn't encounter None
+"""
+PRE_INIT = """\
 for param in {model}.parameters():
     if param.requires_grad and param.grad is None:
         param.grad = torch.zeros_like(param)
@@ -203,14 +206,14 @@ def _batch(s: Script, edits: Edits, opts: ConvertOptions, imports: list[str], li
     if s.wrap is None or s.loop is None or s.loop.batch is None:
         return
     batch = s.loop.batch
-    what = "DDP" if s.wrap.kind.startswith("Distributed") else "multi-GPU"
+    head = PRE_INIT_DDP if s.wrap.kind.startswith("Distributed") else PRE_INIT_DP
     if batch.model_name is None:
         s.findings.append(Finding(line_of(batch.backward), "add the seed's gradient "
                                   "pre-initialization (for param in model.parameters(): ...) "
                                   "between zero_grad() and this backward() by hand: the "
                                   "model's name here is unknown", MANUAL))
     else:
-        pre = with_blank_line(statements(PRE_INIT.format(what=what, model=batch.model_name)))
+        pre = with_blank_line(statements(head + PRE_INIT.format(model=batch.model_name)))
         if batch.zero_grad is not None:
             edits.insert_after(batch.zero_grad, pre)
         else:
