@@ -292,7 +292,8 @@ def test_cli_prints_a_diff_and_check_exit_codes(tmp_path, capsys):
     script.write_text(source("single_argparse_steplr"))
     assert main(["convert", str(script)]) == 0
     out, err = capsys.readouterr()
-    assert out.startswith(f"--- a/{script}") and "+    model = perfora.perforate(model)" in out
+    assert out.startswith(f"--- a/{str(script).lstrip('/')}\n+++ b/")
+    assert "+    model = perfora.perforate(model)" in out
     assert f"{script}:" in err and ": note: " in err
     assert script.read_text() == source("single_argparse_steplr")  # nothing written
     assert main(["convert", "--check", str(script)]) == 1
@@ -480,3 +481,23 @@ def test_readme_diff_is_what_the_tool_prints():
     path = "tests/convert_corpus/ddp_torchrun.py"
     assert shown == convert_source(source("ddp_torchrun"), "native",
                                    name="ddp_torchrun").diff(path)
+
+
+def test_irregular_per_batch_scheduler_and_missing_score():
+    name = "irregular_no_score"
+    src = source(name)
+    opt = line_no(src, r"optimizer = torch\.optim\.SGD")
+    sched_step = line_no(src, r"^\s+scheduler\.step\(\)")
+    loop = line_no(src, r"for epoch in range")
+    for mode in MODES:
+        result = converted(name, mode)
+        for text in ("optimizer = torch.optim.SGD(model.parameters(), lr=0.1)",
+                     "scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.2,",
+                     "        scheduler.step()\n",
+                     "        test(model, [(x[192:], y[192:])])\n\n\nif __name__"):
+            assert text in result.output, text
+        per_batch = [f for f in result.manual if f.line == sched_step]
+        assert per_batch and f"(line {opt})" in per_batch[0].message
+        assert any(f.line == loop and "no validation score" in f.message
+                   for f in result.manual)
+        assert "set_optimizer" not in result.output and "setup_optimizer" not in result.output

@@ -277,6 +277,7 @@ class Analyzer:
         self.module.visit(self.col)
         self.score_name = score
         self.anchor: cst.CSTNode | None = None
+        self.per_batch = False
         self.script = Script(self.module, [], self.col.aliases, self.col.names)
 
     # ------------------------------------------------------------------ helpers
@@ -752,8 +753,13 @@ class Analyzer:
         s.wrap = wraps[0] if wraps else None
         block = self.block_of(anchor)
         first = anchor
-        if s.wrap is not None:
-            top = self.top_in_block(s.wrap.stmt, block)
+        # perforate before the wrap and before torch.compile(model), in this block
+        later = [s.wrap.stmt] if s.wrap is not None else []
+        later += [self.statement(c) for c in self.col.calls
+                  if self.canonical(c.func) == "torch.compile" and self.scope(c) is s.scope
+                  and c.args and dotted(c.args[0].value) == s.model_var]
+        for stmt in later:
+            top = self.top_in_block(stmt, block)
             if top is not None and self.index_in_block(top) < self.index_in_block(first):
                 first = top
         # the model must exist before: assigned earlier in this block, or a parameter
@@ -849,17 +855,21 @@ class Analyzer:
         if not isinstance(loop.body, cst.IndentedBlock):
             self.manual(loop, "one-line loop; report the validation score by hand")
             return
+        steps = self._sched_steps(loop, backward) if s.optimizer is not None else []
+        if self.per_batch:
+            s.optimizer, steps = None, []
         score, maximize = self._score(loop)
-        s.loop = Loop(loop, loop.body.body[-1], score, maximize)
         if score is None:
-            s.loop = None
             self.manual(loop, "no validation score found in this epoch loop (a name like "
-                        "val_acc, val_loss, valid_score assigned in its body); pass --score "
-                        "NAME, or report it by hand at the end of the epoch")
+                        "val_acc, val_loss, valid_score assigned in its body): the loop was "
+                        "left as it is. Compute one every epoch and pass --score NAME, or "
+                        "report it by hand at the end of the epoch (native: decision = "
+                        "controller.step(score); compat: model, restructured, "
+                        "training_complete = GPA.pai_tracker.add_validation_score(score, "
+                        "model))")
             return
+        s.loop = Loop(loop, loop.body.body[-1], score, maximize, steps)
         s.loop.batch = self._batch(backward, loop)
-        if s.optimizer is not None:
-            s.loop.sched_steps = self._sched_steps(loop, backward)
 
     def _score(self, loop: cst.For | cst.While) -> tuple[str | None, bool | None]:
         assigned: list[str] = []
@@ -951,8 +961,13 @@ class Analyzer:
                     continue
                 stmt = self.statement(c)
                 if batch_loop is not None and any(a is batch_loop for a in self.ancestors(c)):
-                    self.manual(c, f"`{name}.step()` runs every batch; perfora steps the "
-                                "scheduler once per epoch: left as it is, decide by hand")
+                    self.manual(c, f"`{name}.step()` runs every batch, but perfora steps the "
+                                "scheduler it rebuilds once per epoch: the optimizer and "
+                                f"scheduler (line {self.line(site.anchor)}) were left as they "
+                                "are. Keep stepping it yourself: build the optimizer and "
+                                "scheduler again over model.parameters() after every "
+                                "restructure (native: ctl.set_optimizer_instance(optimizer))")
+                    self.per_batch = True
                     continue
                 if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 \
                         and isinstance(stmt.body[0], cst.Expr):

@@ -46,4 +46,4 @@ class ConversionResult:
         """A unified diff from the original to the converted script ('' when unchanged)."""
         return "".join(difflib.unified_diff(
             self.source.splitlines(keepends=True), self.output.splitlines(keepends=True),
-            fromfile=f"a/{path}", tofile=f"b/{path}"))
+            fromfile=f"a/{path.lstrip('/')}", tofile=f"b/{path.lstrip('/')}"))
