@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 import re
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import libcst as cst
@@ -22,6 +23,8 @@ WRAPPERS = {"torch.nn.DataParallel": "DataParallel",
             "torch.nn.parallel.data_parallel.DataParallel": "DataParallel",
             "torch.nn.parallel.DistributedDataParallel": "DistributedDataParallel",
             "torch.nn.parallel.distributed.DistributedDataParallel": "DistributedDataParallel"}
+LineOf = Callable[[cst.CSTNode], int]
+"""How transforms ask for a node's line number (for their notes)."""
 MINIMIZE = re.compile(r"loss|err|mse|mae|rmse|nll|perplex|ppl|cost", re.I)
 METRIC = re.compile(r"acc|loss|score|metric|f1|auc|err|mse|mae|rmse|ppl|perplex|prec|recall|iou"
                     r"|map|bleu|r2", re.I)
@@ -181,7 +184,6 @@ class Loop:
     node: cst.For | cst.While
     last: cst.BaseStatement
     score: str | None
-    maximize: bool | None
     sched_steps: list[cst.BaseStatement] = field(default_factory=list)
     batch: BatchSite | None = None
 
@@ -282,17 +284,21 @@ class Analyzer:
 
     # ------------------------------------------------------------------ helpers
     def line(self, node: cst.CSTNode) -> int:
+        """The 1-based line a node starts on."""
         return self.pos[node].start.line
 
     def manual(self, node: cst.CSTNode | int, message: str) -> None:
+        """Record something the user must do by hand, at a node's line."""
         line = node if isinstance(node, int) else self.line(node)
         self.script.findings.append(Finding(line, message, MANUAL))
 
     def note(self, node: cst.CSTNode | int, message: str) -> None:
+        """Record what the conversion did, at a node's line."""
         line = node if isinstance(node, int) else self.line(node)
         self.script.findings.append(Finding(line, message, NOTE))
 
     def canonical(self, node: cst.CSTNode) -> str | None:
+        """The dotted name with import aliases resolved (``DDP`` -> ``torch.nn...``)."""
         name = dotted(node)
         if name is None:
             return None
@@ -301,9 +307,11 @@ class Analyzer:
         return f"{full}.{rest}" if rest else full
 
     def parent(self, node: cst.CSTNode) -> cst.CSTNode | None:
+        """The node's parent (None for the module)."""
         return self.parents.get(node)
 
-    def ancestors(self, node: cst.CSTNode):
+    def ancestors(self, node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+        """Parents, nearest first."""
         node = self.parent(node)
         while node is not None:
             yield node
@@ -318,16 +326,19 @@ class Analyzer:
             node = parent
 
     def scope(self, node: cst.CSTNode) -> cst.FunctionDef | None:
+        """The function a node is in (None: module level)."""
         for anc in self.ancestors(node):
             if isinstance(anc, SCOPE_TYPES):
                 return anc
         return None
 
     def block_of(self, stmt: cst.CSTNode) -> cst.IndentedBlock | cst.Module:
+        """The block whose body holds a statement."""
         return self.parent(stmt)
 
     @staticmethod
     def is_main_guard(node: cst.CSTNode) -> bool:
+        """``if __name__ == "__main__":`` (not a condition for the converter)."""
         return isinstance(node, cst.If) and "__name__" in code(node.test) \
             and "__main__" in code(node.test)
 
@@ -352,10 +363,12 @@ class Analyzer:
         return None
 
     def index_in_block(self, stmt: cst.CSTNode) -> int:
+        """A statement's position in its block."""
         return list(self.block_of(stmt).body).index(stmt)
 
     # ------------------------------------------------------------------ analysis
     def run(self) -> Script:
+        """Find every part, in dependency order; the script with its findings."""
         s = self.script
         s.already = self._already_converted()
         if s.already:
@@ -858,7 +871,7 @@ class Analyzer:
         steps = self._sched_steps(loop, backward) if s.optimizer is not None else []
         if self.per_batch:
             s.optimizer, steps = None, []
-        score, maximize = self._score(loop)
+        score = self._score(loop)
         if score is None:
             self.manual(loop, "no validation score found in this epoch loop (a name like "
                         "val_acc, val_loss, valid_score assigned in its body): the loop was "
@@ -868,10 +881,11 @@ class Analyzer:
                         "training_complete = GPA.pai_tracker.add_validation_score(score, "
                         "model))")
             return
-        s.loop = Loop(loop, loop.body.body[-1], score, maximize, steps)
+        s.loop = Loop(loop, loop.body.body[-1], score, steps)
         s.loop.batch = self._batch(backward, loop)
 
-    def _score(self, loop: cst.For | cst.While) -> tuple[str | None, bool | None]:
+    def _score(self, loop: cst.For | cst.While) -> str | None:
+        """The validation score's name: --score, ReduceLROnPlateau's argument, or a guess."""
         assigned: list[str] = []
         for stmt in loop.body.body:
             if isinstance(stmt, (cst.SimpleStatementLine, cst.With)):
@@ -883,23 +897,23 @@ class Analyzer:
             if self.score_name not in assigned:
                 self.manual(loop, f"--score {self.score_name}: not assigned in the body of "
                             "this epoch loop")
-                return None, None
-            return self.score_name, None
+                return None
+            return self.score_name
         if site is not None and site.sched_var:
             for c in call_attr(loop, "step"):
                 if dotted(c.func.value) == site.sched_var and c.args \
                         and isinstance(c.args[0].value, cst.Name) \
                         and c.args[0].value.value in assigned:
-                    return c.args[0].value.value, None
+                    return c.args[0].value.value
         ranked = [n for n in assigned if VALIDATION.search(n) and METRIC.search(n)] + \
                  [n for n in assigned if TEST.search(n) and METRIC.search(n)] + \
                  [n for n in assigned if METRIC.search(n) and "train" not in n.lower()]
         if not ranked:
-            return None, None
+            return None
         self.note(loop, f"reporting `{ranked[0]}` as the validation score "
                   f"({'minimized' if MINIMIZE.search(ranked[0]) else 'maximized'}); "
                   "--score NAME and --maximize/--minimize choose otherwise")
-        return ranked[0], None
+        return ranked[0]
 
     def _batch(self, backward: cst.Call, loop: cst.CSTNode) -> BatchSite | None:
         s = self.script
@@ -939,7 +953,7 @@ class Analyzer:
         return BatchSite(zero, bstmt, func, model_name, args_name)
 
     def _sched_steps(self, loop: cst.CSTNode, backward: cst.Call) -> list[cst.BaseStatement]:
-        s, site = self.script, self.script.optimizer
+        site = self.script.optimizer
         if site.sched_var is None:
             return []
         batch_loop = next((a for a in self.ancestors(backward) if isinstance(a, LOOP_TYPES)),
@@ -972,7 +986,6 @@ class Analyzer:
                 if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 \
                         and isinstance(stmt.body[0], cst.Expr):
                     found.append(stmt)
-        del s
         return found
 
     def _args_visibility(self) -> None:

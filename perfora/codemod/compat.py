@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from .analysis import Script, code
+from .analysis import LineOf, Script, code
 from .common import (
     ConvertOptions,
     add_flags,
@@ -91,7 +91,7 @@ if {flag}:
 """  # noqa: E501
 
 
-def compat_edits(script: Script, opts: ConvertOptions, line_of) -> Edits:
+def compat_edits(script: Script, opts: ConvertOptions, line_of: LineOf) -> Edits:
     """The edits that apply the seed's recipe with ``perfora.compat``'s GPA/UPA names."""
     edits = Edits()
     s = script
@@ -158,7 +158,7 @@ def _dict(model: str | None, kwargs: list[tuple[str, str]]) -> str:
     return "{" + ", ".join(items) + "}"
 
 
-def _wrap(s: Script, edits: Edits, args: str | None, line_of) -> None:
+def _wrap(s: Script, edits: Edits, args: str | None, line_of: LineOf) -> None:
     """The seed's conditional DataParallel/DDP wrap, the user's arguments kept."""
     wrap = s.wrap
     call = wrap.call
@@ -200,7 +200,7 @@ def _wrap(s: Script, edits: Edits, args: str | None, line_of) -> None:
               + ", inside the seed's initialization-run condition")
 
 
-def _batch(s: Script, edits: Edits, opts: ConvertOptions, imports: list[str], line_of,
+def _batch(s: Script, edits: Edits, opts: ConvertOptions, imports: list[str], line_of: LineOf,
            new_args: str | None) -> None:
     """DP/DDP: zero-filled gradients before backward(); the initialization run's exit."""
     if s.wrap is None or s.loop is None or s.loop.batch is None:
@@ -231,7 +231,7 @@ def _batch(s: Script, edits: Edits, opts: ConvertOptions, imports: list[str], li
         INIT_EXIT.format(flag=flag, save=opts.save_name))))
 
 
-def _loop(s: Script, edits: Edits, optim_args: str, sched_args: str, line_of) -> None:
+def _loop(s: Script, edits: Edits, optim_args: str, sched_args: str, line_of: LineOf) -> None:
     loop = s.loop
     if loop is None:
         return

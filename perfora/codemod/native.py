@@ -6,7 +6,7 @@ a DataParallel/DDP wrapper is kept as the user built it and re-wrapped by the co
 
 from __future__ import annotations
 
-from .analysis import Script
+from .analysis import LineOf, Script
 from .common import ConvertOptions, add_flags, add_imports, maximize_of, note_done, opt_names
 from .edits import Edits, statements, with_blank_line
 from .findings import MANUAL, Finding
@@ -14,7 +14,7 @@ from .findings import MANUAL, Finding
 RESUME_FLAG = "--perfora_resume"
 
 
-def native_edits(script: Script, opts: ConvertOptions, line_of) -> Edits:
+def native_edits(script: Script, opts: ConvertOptions, line_of: LineOf) -> Edits:
     """The edits that convert ``script`` to perfora's native API."""
     edits = Edits()
     s = script
@@ -67,7 +67,7 @@ def native_edits(script: Script, opts: ConvertOptions, line_of) -> Edits:
     return edits
 
 
-def _loop(s: Script, edits: Edits, ctl: str, dec: str, line_of) -> None:
+def _loop(s: Script, edits: Edits, ctl: str, dec: str, line_of: LineOf) -> None:
     loop = s.loop
     if loop is None:
         return
