@@ -501,3 +501,34 @@ def test_irregular_per_batch_scheduler_and_missing_score():
         assert any(f.line == loop and "no validation score" in f.message
                    for f in result.manual)
         assert "set_optimizer" not in result.output and "setup_optimizer" not in result.output
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_compat_ddp_script_runs_under_perfora_launch(tmp_path):
+    """`perfora launch` passes --pai_load_folder; the converted script trains to complete."""
+    path = tmp_path / "ddp_torchrun.py"
+    path.write_text(converted("ddp_torchrun", "compat").output)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
+    proc = subprocess.run([sys.executable, "-m", "perfora.cli", "launch", "--nproc-per-node",
+                           "2", "--attempt-timeout", "200", str(path), "--epochs", str(EPOCHS)],
+                          cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, capture_output=True,
+                          text=True, timeout=RUN_TIMEOUT + 60)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "--pai_load_folder PAI" in proc.stdout + proc.stderr
+    assert "Starting from beginning (no switch_x.pt files found in PAI)" in proc.stdout
+    assert (tmp_path / "PAI" / ".training_complete").is_file()
+    rows = metrics(tmp_path, "ddp_torchrun", "compat")
+    assert rows[-1]["event"] == "complete" and int(rows[-1]["dendrites"]) == 1
+
+
+def test_script_written_for_perforatedai_only_gets_its_imports_switched():
+    """A seed-style script (tests/compat_scripts) with PerforatedAI's own imports."""
+    ours = (Path(__file__).parent / "compat_scripts" / "seed_single.py").read_text()
+    theirs = ours.replace("from perfora.compat import", "from perforatedai import")
+    assert theirs != ours
+    result = convert_source(theirs, "compat")
+    assert result.output == ours and len(result.findings) == 2
+    assert not convert_source(result.output, "compat").changed
+    native = convert_source(theirs, "native")
+    assert not native.changed and "--mode compat" in native.findings[0].message

@@ -32,6 +32,17 @@ def convert_source(source: str, mode: str = "native", **options: Any) -> Convers
         raise ScriptError(f"not valid Python (line {exc.raw_line}): {exc.message}") from None
     script = analyzer.run()
     if script.already:
+        swapped, lines = _swap_perforatedai_imports(script.module, analyzer)
+        if lines and mode == "compat":
+            findings = [Finding(line, "PerforatedAI import switched to perfora.compat (the "
+                                "rest of the script already follows the recipe)", NOTE)
+                        for line in lines]
+            return ConversionResult(source, swapped.code, mode, findings)
+        if lines:
+            findings = [Finding(lines[0], "this script already uses the PerforatedAI API: "
+                                "`perfora convert --mode compat` switches its imports to "
+                                "perfora.compat", NOTE)]
+            return ConversionResult(source, source, mode, findings, already_converted=True)
         api = "perfora's native API" if script.already == "native" else "the compat names"
         findings = [Finding(1, f"already converted ({api}): nothing to change", NOTE)]
         return ConversionResult(source, source, mode, findings, already_converted=True)
@@ -40,3 +51,20 @@ def convert_source(source: str, mode: str = "native", **options: Any) -> Convers
     output = edits.apply(script.module).code if edits else source
     findings = sorted(script.findings, key=lambda f: (f.line, f.kind != "manual"))
     return ConversionResult(source, output, mode, findings)
+
+
+def _swap_perforatedai_imports(module: cst.Module, analyzer: Analyzer
+                               ) -> tuple[cst.Module, list[int]]:
+    """``from perforatedai import X`` -> ``from perfora.compat import X``; changed lines."""
+    lines: list[int] = []
+    target = cst.parse_expression("perfora.compat")
+
+    class Swap(cst.CSTTransformer):
+        def leave_ImportFrom(self, original: cst.ImportFrom, updated: cst.ImportFrom):
+            name = cst.Module([]).code_for_node(original.module) if original.module else ""
+            if name == "perforatedai" and not original.relative:
+                lines.append(analyzer.line(original))
+                return updated.with_changes(module=target)
+            return updated
+
+    return module.visit(Swap()), lines
