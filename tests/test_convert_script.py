@@ -16,6 +16,7 @@ import functools
 import io
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tokenize
@@ -373,16 +374,13 @@ def _command(name: str, path: Path, extra: list[str]) -> tuple[list[str], dict[s
     return cmd + args + extra, env
 
 
-def run_converted(name: str, mode: str, workdir: Path, extra: list[str] | None = None,
-                  epochs: int | None = None) -> subprocess.CompletedProcess:
+def run_converted(name: str, mode: str, workdir: Path,
+                  extra: list[str] | None = None) -> subprocess.CompletedProcess:
     """Write the converted script into ``workdir`` and run it there (stdin closed)."""
     workdir.mkdir(parents=True, exist_ok=True)
     path = workdir / f"{name}.py"
     path.write_text(converted(name, mode).output)
     cmd, env = _command(name, path, extra or [])
-    if epochs is not None:
-        cmd = [str(epochs) if c == str(EPOCHS) else c for c in cmd]
-        env["EPOCHS"] = str(epochs)
     return subprocess.run(cmd, cwd=workdir, env=env, stdin=subprocess.DEVNULL,
                           capture_output=True, text=True, timeout=RUN_TIMEOUT)
 
@@ -393,16 +391,22 @@ def metrics(workdir: Path, name: str, mode: str) -> list[dict[str, str]]:
         return list(csv.DictReader(handle))
 
 
+RESUMED = {"test_compat_resumes_from_the_newest_switch": ("single_argparse_steplr", "compat"),
+           "test_native_resumes_from_a_checkpoint": ("helper_optimizer", "native")}
+
+
 @pytest.fixture(scope="module")
 def runs(request, tmp_path_factory):
     """Run every converted script the session selected, two at a time (2 cores)."""
-    wanted = sorted({(item.callspec.params["name"], item.callspec.params["mode"])
-                     for item in request.session.items
-                     if item.originalname == "test_converted_script_runs_and_grows"})
+    wanted = {(item.callspec.params["name"], item.callspec.params["mode"])
+              for item in request.session.items
+              if item.originalname == "test_converted_script_runs_and_grows"}
+    wanted |= {RESUMED[item.originalname] for item in request.session.items
+               if item.originalname in RESUMED}
     base = tmp_path_factory.mktemp("converted_runs")
     with ThreadPoolExecutor(max_workers=2) as pool:
         futures = {key: pool.submit(run_converted, *key, base / f"{key[1]}_{key[0]}")
-                   for key in wanted}
+                   for key in sorted(wanted)}
         return {key: (fut.result(), base / f"{key[1]}_{key[0]}")
                 for key, fut in futures.items()}
 
@@ -430,36 +434,38 @@ def test_converted_script_runs_and_grows(name, mode, runs):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_compat_resumes_from_the_newest_switch(tmp_path):
-    """The seed's restart: stop after the restructure, restart with --pai_load_folder."""
-    first = run_converted("single_argparse_steplr", "compat", tmp_path, epochs=3)
+@pytest.mark.timeout(900)
+def test_compat_resumes_from_the_newest_switch(tmp_path, runs):
+    """The seed's restart: start again with --pai_load_folder, from the newest switch_N."""
+    name = "single_argparse_steplr"
+    first, workdir = runs[name, "compat"]
     assert first.returncode == 0, first.stderr[-3000:]
+    shutil.copytree(workdir / "PAI", tmp_path / "PAI")
     assert (tmp_path / "PAI" / "switch_1.pt").is_file()
-    second = run_converted("single_argparse_steplr", "compat", tmp_path,
-                           extra=["--pai_load_folder", "PAI"])
+    second = run_converted(name, "compat", tmp_path, extra=["--pai_load_folder", "PAI"])
     assert second.returncode == 0, second.stderr[-3000:]
     assert "Loaded PAI state from PAI/switch_1.pt" in second.stdout
-    rows = metrics(tmp_path, "single_argparse_steplr", "compat")
+    rows = metrics(tmp_path, name, "compat")
+    assert [int(r["epoch"]) for r in rows] == [1, 2, 3, 4]  # epochs 1-2 from switch_1
     assert rows[-1]["event"] == "complete" and int(rows[-1]["dendrites"]) == 1
-    assert second.stdout.count("epoch ") == int(rows[-1]["epoch"]) - 2  # resumed at 2
+    assert second.stdout.count("epoch ") == 2  # it trained epochs 3 and 4 only
+    assert (tmp_path / "PAI" / ".training_complete").is_file()
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_native_resumes_with_perfora_resume(tmp_path):
-    first = run_converted("helper_optimizer", "native", tmp_path, epochs=3)
+@pytest.mark.timeout(900)
+def test_native_resumes_from_a_checkpoint(tmp_path, runs):
+    """--perfora_resume switch_1: weights, dendrites, controller and optimizer state."""
+    name = "helper_optimizer"
+    first, workdir = runs[name, "native"]
     assert first.returncode == 0, first.stderr[-3000:]
-    rows = metrics(tmp_path, "helper_optimizer", "native")
-    assert [r["event"] for r in rows] == ["", "restructure", ""]
-    second = run_converted("helper_optimizer", "native", tmp_path,
-                           extra=["--perfora_resume", "latest"])
+    shutil.copytree(workdir / "perfora_runs", tmp_path / "perfora_runs")
+    second = run_converted(name, "native", tmp_path, extra=["--perfora_resume", "switch_1"])
     assert second.returncode == 0, second.stderr[-3000:]
-    rows = metrics(tmp_path, "helper_optimizer", "native")
-    assert [int(r["epoch"]) for r in rows] == [1, 2, 3, 4]  # continued at epoch 4
+    rows = metrics(tmp_path, name, "native")
+    assert [int(r["epoch"]) for r in rows] == [1, 2, 3, 4]
     assert rows[-1]["event"] == "complete" and int(rows[-1]["dendrites"]) == 1
-    # resumed from epoch 3 (latest) or 2 (switch_1): 1 or 2 epochs here, not a fresh 4
-    assert 1 <= len(second.stdout.splitlines()) <= 2
+    assert len(second.stdout.splitlines()) == 2  # resumed after epoch 2: epochs 3 and 4
 
 
 @pytest.mark.slow
