@@ -755,10 +755,14 @@ class Analyzer:
             first = c.args[0].value if c.args else None
             while isinstance(first, cst.Call) and isinstance(first.func, cst.Attribute):
                 first = first.func.value  # DDP(model.to(device)) -> model
-            if target is None or dotted(first) != s.model_var:
+            inner = dotted(first)
+            if target is None or s.model_var not in (inner, target) or inner is None \
+                    or "." in inner:
                 self.manual(c, f"{kind}(...) here does not have the form `model = {kind}"
                             "(model, ...)`; left as it is")
                 continue
+            if target == s.model_var and inner != s.model_var:
+                s.model_var = inner  # optimizer over ddp_model.parameters(): grow `model`
             wraps.append(Wrap(stmt, c, kind, target))
         if len(wraps) > 1:
             self.manual(wraps[1].stmt, "several DataParallel/DDP wraps; only the first (line "

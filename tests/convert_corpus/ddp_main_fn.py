@@ -35,7 +35,7 @@ def main():
         find_unused_parameters=False,
         gradient_as_bucket_view=True,
     )
-    optimizer = torch.optim.Adam(model.parameters(), lr=5e-3)
+    optimizer = torch.optim.Adam(ddp_model.parameters(), lr=5e-3)
 
     for epoch in range(epochs):
         ddp_model.train()
