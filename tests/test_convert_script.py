@@ -538,3 +538,39 @@ def test_script_written_for_perforatedai_only_gets_its_imports_switched():
     assert not convert_source(result.output, "compat").changed
     native = convert_source(theirs, "native")
     assert not native.changed and "--mode compat" in native.findings[0].message
+
+
+@pytest.mark.parametrize("mode,setting,message", [
+    ("native", "max_dendrites=-1", "max_dendrites must be >= 0"),
+    ("compat", "n_epochs_to_switch=0", "n_epochs_to_switch must be >= 1"),
+    ("native", "swich_mode=fixed", "did you mean 'switch_mode'"),
+])
+def test_bad_settings_are_refused_before_anything_is_written(tmp_path, capsys, mode, setting,
+                                                             message):
+    script = tmp_path / "train.py"
+    script.write_text(source("plateau_enumerate"))
+    assert main(["convert", "--write", "--mode", mode, "--set", setting, str(script)]) == 2
+    assert message in capsys.readouterr().err
+    assert script.read_text() == source("plateau_enumerate")
+    assert not (tmp_path / "train.py.bak").exists()
+
+
+def test_compat_switch_mode_names_become_the_gpa_constants():
+    for value in ("fixed", "DOING_FIXED_SWITCH", "GPA.pc.DOING_FIXED_SWITCH"):
+        out = convert_source(source("plateau_enumerate"), "compat",
+                             settings={"switch_mode": value}).output
+        assert "GPA.pc.set_switch_mode(GPA.pc.DOING_FIXED_SWITCH)" in out
+
+
+def test_backups_are_never_overwritten(tmp_path, capsys):
+    first, second = tmp_path / "a.py", tmp_path / "b.py"
+    first.write_text(source("while_epochs"))
+    second.write_text(source("cnn_multistep"))
+    (tmp_path / "a.py.bak").write_text("an older backup\n")
+    assert main(["convert", "--write", str(first), str(second)]) == 0
+    assert (tmp_path / "a.py.bak").read_text() == "an older backup\n"
+    assert (tmp_path / "a.py.bak.1").read_text() == source("while_epochs")
+    assert (tmp_path / "b.py.bak").read_text() == source("cnn_multistep")
+    assert "perfora.perforate(classifier)" in first.read_text()
+    assert "perfora.perforate(model)" in second.read_text()
+    capsys.readouterr()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import difflib
 from dataclasses import dataclass, field
@@ -36,6 +37,7 @@ class ConvertOptions:
             raise ConfigError(f"unknown mode {self.mode!r}: use 'native' (perfora's API, no "
                               "restarts) or 'compat' (the seed's PerforatedAI recipe)")
         self.settings = {k: _setting_source(self.mode, k, v) for k, v in self.settings.items()}
+        _check_values(self.mode, self.settings)
 
 
 def _setting_source(mode: str, name: str, value: str) -> str:
@@ -53,8 +55,11 @@ def _setting_source(mode: str, name: str, value: str) -> str:
         hint = f"; did you mean {close[0]!r}?" if close else ""
         raise ConfigError(f"--set {name}: not a {mode}-mode setting{hint}")
     text = str(value).strip()
-    if mode == "compat" and name == "switch_mode" and text.strip("'\"") in COMPAT_SWITCH_MODES:
-        return f"GPA.pc.{COMPAT_SWITCH_MODES[text.strip(chr(39) + chr(34))]}"
+    bare = text.strip("'\"")
+    if mode == "compat" and name == "switch_mode" and bare in COMPAT_SWITCH_MODES:
+        return f"GPA.pc.{COMPAT_SWITCH_MODES[bare]}"
+    if mode == "compat" and name == "switch_mode" and bare in COMPAT_SWITCH_MODES.values():
+        return f"GPA.pc.{bare}"
     if text.isidentifier() and text not in ("True", "False", "None"):
         return repr(text)  # a bare word is a string setting: switch_mode=fixed
     try:
@@ -62,6 +67,31 @@ def _setting_source(mode: str, name: str, value: str) -> str:
     except cst.ParserSyntaxError as exc:
         raise ConfigError(f"--set {name}={value}: not a Python value ({exc.message})") from None
     return text
+
+
+def _check_values(mode: str, settings: dict[str, str]) -> None:
+    """Catch out-of-range literal values now rather than when the script runs."""
+    values = {}
+    for name, text in settings.items():
+        try:
+            values[name] = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            continue  # an expression of the script (args.x): checked when it runs
+    if not values:
+        return
+    if mode == "native":
+        from ..config import PerforaConfig
+
+        try:
+            PerforaConfig(**values)
+        except (ConfigError, TypeError) as exc:
+            raise ConfigError(f"--set: {exc}") from None
+    else:
+        from ..compat.settings import PAISettings
+
+        pc = PAISettings()
+        for name, value in values.items():
+            pc.set(name, value)
 
 
 def maximize_of(script: Script, opts: ConvertOptions) -> bool:
