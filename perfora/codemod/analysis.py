@@ -814,6 +814,14 @@ class Analyzer:
                 return found
         return None
 
+    def _is_epoch_loop(self, loop: cst.For | cst.While) -> bool:
+        """A loop whose backward() runs inside another (batch) loop, here or in a helper."""
+        backward = self._reaches_backward(loop)
+        if backward is None:
+            return False
+        inner = next((a for a in self.ancestors(backward) if isinstance(a, LOOP_TYPES)), None)
+        return inner is not None and inner is not loop
+
     def _local_calls(self, node: cst.CSTNode) -> list[cst.Call]:
         found: list[cst.Call] = []
         defs = self.col.defs
@@ -838,6 +846,19 @@ class Analyzer:
                       and self._reaches_backward(lp) is not None]
         outer = [lp for lp in candidates
                  if not any(a in candidates for a in self.ancestors(lp))]
+        elsewhere = [lp for lp in self.col.loops
+                     if self.scope(lp) is not scope and self._is_epoch_loop(lp)]
+        if not outer and elsewhere:
+            loop = elsewhere[0]
+            self.manual(loop, f"the epoch loop is in `{self.scope(loop).name.value}()`, not "
+                        f"where the optimizer is built (line {self.line(s.insert_at)}): left as "
+                        "it is. Pass the controller (native) or the optimizer arguments "
+                        "(compat) to it and report the validation score at the end of each "
+                        "epoch by hand (native: decision = controller.step(score); compat: "
+                        "model, restructured, training_complete = GPA.pai_tracker."
+                        "add_validation_score(score, model)), then rebuild the optimizer when "
+                        "restructured")
+            return
         if not outer:
             self.manual(s.insert_at or 1, "no recognisable training loop (an epoch loop "
                         "around a batch loop that calls loss.backward()): report the "
