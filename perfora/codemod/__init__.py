@@ -1,6 +1,7 @@
 """``perfora convert``: apply the seed's edits to a training script (a libcst codemod).
 
-``analysis`` finds the parts of a script (with line numbers), ``native`` and ``compat``
+``syntax`` answers small questions about libcst nodes, ``analysis`` finds the parts of a
+script (with line numbers), ``native`` and ``compat``
 turn them into edits for each mode, ``edits`` applies them keeping every comment, and
 ``cli`` prints diffs, writes files and reports what must be done by hand.
 """

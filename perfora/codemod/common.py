@@ -10,9 +10,10 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from ..errors import ConfigError
-from .analysis import MINIMIZE, Script, code
+from .analysis import MINIMIZE, Script
 from .edits import Edits, statements
 from .findings import NOTE, Finding
+from .syntax import code
 
 MODES = ("native", "compat")
 COMPAT_SWITCH_MODES = {"patience": "DOING_HISTORY", "history": "DOING_HISTORY",

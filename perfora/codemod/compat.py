@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from .analysis import LineOf, Script, code
+from .analysis import LineOf, Script
 from .common import (
     ConvertOptions,
     add_flags,
@@ -23,6 +23,7 @@ from .common import (
 )
 from .edits import Edits, statements, with_blank_line
 from .findings import MANUAL, Finding
+from .syntax import code
 
 IMPORTS = ["from perfora.compat import globals_perforatedai as GPA",
            "from perfora.compat import utils_perforatedai as UPA"]
