@@ -1,9 +1,10 @@
 """``perfora convert``: apply the seed's edits to a training script (a libcst codemod).
 
 ``syntax`` answers small questions about libcst nodes, ``analysis`` finds the parts of a
-script (with line numbers), ``native`` and ``compat``
-turn them into edits for each mode, ``edits`` applies them keeping every comment, and
-``cli`` prints diffs, writes files and reports what must be done by hand.
+script (with line numbers), ``native`` and ``compat`` turn them into edits for each mode
+(``common`` holds what both share), ``edits`` applies them keeping every comment, ``api``
+is ``convert_source``, and ``cli`` prints diffs, writes files and reports what must be done
+by hand.
 """
 
 from .api import ScriptError, convert_source
