@@ -329,6 +329,17 @@ def test_cli_reports_manual_parts_and_errors(tmp_path, capsys):
     err = capsys.readouterr().err
     assert re.search(rf"{re.escape(str(script))}:9: manual: several optimizers", err)
     assert "part(s) to do by hand" in err
+    # --check: the converter's part is pending (1); after --write only manual work is left,
+    # which the converter cannot see any more, so the script counts as converted (0)
+    assert main(["convert", "--check", str(script)]) == 1
+    assert main(["convert", "--write", str(script)]) == 0
+    assert main(["convert", "--check", str(script)]) == 0
+    capsys.readouterr()
+    untouchable = tmp_path / "groups.py"  # nothing convertible: manual work only
+    untouchable.write_text("import torch\nmodel = torch.nn.Linear(2, 2)\n"
+                           "opt = torch.optim.SGD([{'params': model.weight}], lr=0.1)\n")
+    assert main(["convert", "--check", str(untouchable)]) == 1
+    assert "needs changes by hand" in capsys.readouterr().err
     assert main(["convert", "--set", "max_dendrits=2", str(script)]) == 2
     assert "did you mean 'max_dendrites'" in capsys.readouterr().err
     assert main(["convert", "--set", "oops", str(script)]) == 2

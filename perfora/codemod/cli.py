@@ -42,7 +42,7 @@ def convert_file(path: Path, args: argparse.Namespace) -> ConversionResult:
 
 
 def run_convert(args: argparse.Namespace) -> int:
-    """0: done (or nothing to change); 1: --check found changes; 2: an error."""
+    """0: done (or nothing to change); 1: --check found changes to make; 2: an error."""
     if args.check and args.write:
         print("perfora convert: error: use --check or --write, not both", file=sys.stderr)
         return 2
@@ -64,6 +64,10 @@ def run_convert(args: argparse.Namespace) -> int:
         if args.check:
             if result.changed:
                 print(f"{name}: needs conversion ({args.mode} mode)", file=sys.stderr)
+                status = max(status, 1)
+            elif result.manual:
+                print(f"{name}: needs changes by hand (the 'manual' lines above)",
+                      file=sys.stderr)
                 status = max(status, 1)
             continue
         if args.write:
