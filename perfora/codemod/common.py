@@ -140,7 +140,7 @@ def add_flags(script: Script, edits: Edits, flags: list[tuple[str, str]],
         if ap.parse_stmt is None or ap.parser_var is None or ap.args_var is None \
                 or not script.args_visible:
             return None
-        new = [f"{ap.parser_var}.add_argument({flag!r}, {rest})" for flag, rest in flags
+        new = [_flag_line(ap.parser_var, flag, rest) for flag, rest in flags
                if flag not in ap.existing_flags]
         if new:
             edits.insert_before(ap.parse_stmt, statements("\n".join(new)))
@@ -149,10 +149,19 @@ def add_flags(script: Script, edits: Edits, flags: list[tuple[str, str]],
     if needs_import(script, "argparse"):
         imports.append("import argparse")
     lines = ["", f"{parser} = argparse.ArgumentParser()"]
-    lines += [f"{parser}.add_argument({flag!r}, {rest})" for flag, rest in flags]
+    lines += [_flag_line(parser, flag, rest) for flag, rest in flags]
     lines.append(f"{args}, _ = {parser}.parse_known_args()")
     imports.extend(lines)
     return args
+
+
+def _flag_line(parser: str, flag: str, rest: str) -> str:
+    """``parser.add_argument('--flag', ...)``, its help text on a continuation line."""
+    head = f"{parser}.add_argument({flag!r}, "
+    options, sep, help_text = rest.partition(", help=")
+    if not sep:
+        return f"{head}{rest})"
+    return f"{head}{options},\n{' ' * len(parser)}              help={help_text})"
 
 
 def opt_names(script: Script) -> tuple[str, str]:
