@@ -6,6 +6,8 @@ The Lightning callback lives in :mod:`perfora.lightning` (optional dependency:
 
 __version__ = "0.1.0"
 
+from typing import TYPE_CHECKING, Any  # noqa: E402
+
 from .checkpoint import load_checkpoint, load_model, save_model  # noqa: E402
 from .config import PerforaConfig  # noqa: E402
 from .controller import ControllerState, Decision, GrowthController  # noqa: E402
@@ -35,3 +37,21 @@ from . import distributed  # noqa: E402
 from .distributed import RankMismatchError, set_epoch, shard_fsdp2, wrap_ddp  # noqa: E402
 
 __all__ += ["distributed", "RankMismatchError", "wrap_ddp", "shard_fsdp2", "set_epoch"]
+
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .codemod import ConversionResult
+
+
+def convert_source(source: str, mode: str = "native", **options: Any) -> "ConversionResult":
+    """Apply the seed's edits to a training script's text; see perfora.codemod (needs libcst).
+
+    Returns a :class:`perfora.codemod.ConversionResult` (``output``, ``findings``, ``diff()``);
+    imported lazily so that ``import perfora`` works without libcst.
+    """
+    from .codemod import convert_source as _convert
+
+    return _convert(source, mode, **options)
+
+
+__all__ += ["convert_source"]

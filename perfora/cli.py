@@ -1,4 +1,4 @@
-"""The `perfora` command line: `perfora demo`, `perfora launch`."""
+"""The `perfora` command line: `perfora demo`, `perfora launch`, `perfora convert`."""
 
 from __future__ import annotations
 
@@ -43,6 +43,18 @@ def _launch(args: argparse.Namespace) -> int:
         print(f"perfora launch: error: {exc}", file=sys.stderr)
         return 2
     return launch(settings).exit_code
+
+
+def _convert(args: argparse.Namespace) -> int:
+    try:
+        import libcst  # noqa: F401
+    except ImportError:
+        print('perfora convert: error: the script converter needs libcst: '
+              'pip install "perfora[convert]"', file=sys.stderr)
+        return 2
+    from .codemod.cli import run_convert
+
+    return run_convert(args)
 
 
 def _at_least(minimum: int):
@@ -99,6 +111,36 @@ def build_parser() -> argparse.ArgumentParser:
     launch.add_argument("script_args", nargs=argparse.REMAINDER,
                         help="arguments for the script")
     launch.set_defaults(func=_launch)
+
+    convert = sub.add_parser(
+        "convert", help="apply the seed's edits to a training script (prints a diff)",
+        description="Convert training scripts for perfora: print a unified diff (default), "
+                    "apply it (--write, keeping FILE.bak) or only check (--check exits 1 when "
+                    "a script needs changes). Parts too irregular to convert are left as they "
+                    "are and reported as FILE:LINE: manual: what to do.")
+    convert.add_argument("files", nargs="+", metavar="FILE", help="training script(s)")
+    convert.add_argument("--mode", choices=("native", "compat"), default="native",
+                         help="native: perfora's API, no restarts (default); compat: the "
+                              "seed's PerforatedAI recipe with perfora.compat's GPA/UPA")
+    convert.add_argument("--write", action="store_true",
+                         help="change the files in place (the original goes to FILE.bak)")
+    convert.add_argument("--check", action="store_true",
+                         help="change nothing; exit 1 if a script needs conversion")
+    convert.add_argument("--set", action="append", metavar="NAME=VALUE",
+                         help="a setting for the generated code, e.g. --set max_dendrites=3 "
+                              "(PerforaConfig names in native mode, GPA.pc names in compat "
+                              "mode); repeatable")
+    convert.add_argument("--run-dir", default=None, metavar="DIR",
+                         help="native: the run folder (default perfora_runs/<script name>)")
+    convert.add_argument("--save-name", default="PAI", metavar="NAME",
+                         help="compat: save_name, the folder of switch_N.pt (default PAI)")
+    convert.add_argument("--score", default=None, metavar="NAME",
+                         help="the variable holding the validation score (default: found "
+                              "from names like val_acc, val_loss)")
+    direction = convert.add_mutually_exclusive_group()
+    direction.add_argument("--maximize", action="store_true", help="higher score is better")
+    direction.add_argument("--minimize", action="store_true", help="lower score is better")
+    convert.set_defaults(func=_convert)
     return parser
 
 

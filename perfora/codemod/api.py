@@ -1,0 +1,70 @@
+"""``convert_source``: one script's text in, the converted text and findings out."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import libcst as cst
+
+from ..errors import PerforaError
+from .analysis import Analyzer
+from .common import ConvertOptions
+from .compat import compat_edits
+from .findings import NOTE, ConversionResult, Finding
+from .native import native_edits
+
+
+class ScriptError(PerforaError):
+    """The script could not be read as Python."""
+
+
+def convert_source(source: str, mode: str = "native", **options: Any) -> ConversionResult:
+    """Apply the seed's edits to a training script's text (``mode``: native or compat).
+
+    ``options``: ``settings`` ({name: value source}), ``run_dir`` (native), ``save_name``
+    (compat), ``score`` (the name to report), ``maximize``, ``name`` (the script's stem).
+    Nothing is written; parts too irregular to change are listed in ``findings``.
+    """
+    opts = ConvertOptions(mode=mode, **options)
+    try:
+        analyzer = Analyzer(source, score=opts.score)
+    except cst.ParserSyntaxError as exc:
+        raise ScriptError(f"not valid Python (line {exc.raw_line}): {exc.message}") from None
+    script = analyzer.run()
+    if script.already:
+        swapped, lines = _swap_perforatedai_imports(script.module, analyzer)
+        if lines and mode == "compat":
+            findings = [Finding(line, "PerforatedAI import switched to perfora.compat (the "
+                                "rest of the script already follows the recipe)", NOTE)
+                        for line in lines]
+            return ConversionResult(source, swapped.code, mode, findings)
+        if lines:
+            findings = [Finding(lines[0], "this script already uses the PerforatedAI API: "
+                                "`perfora convert --mode compat` switches its imports to "
+                                "perfora.compat", NOTE)]
+            return ConversionResult(source, source, mode, findings, already_converted=True)
+        api = "perfora's native API" if script.already == "native" else "the compat names"
+        findings = [Finding(1, f"already converted ({api}): nothing to change", NOTE)]
+        return ConversionResult(source, source, mode, findings, already_converted=True)
+    build = native_edits if mode == "native" else compat_edits
+    edits = build(script, opts, analyzer.line)
+    output = edits.apply(script.module).code if edits else source
+    findings = sorted(script.findings, key=lambda f: (f.line, f.kind != "manual"))
+    return ConversionResult(source, output, mode, findings)
+
+
+def _swap_perforatedai_imports(module: cst.Module, analyzer: Analyzer
+                               ) -> tuple[cst.Module, list[int]]:
+    """``from perforatedai import X`` -> ``from perfora.compat import X``; changed lines."""
+    lines: list[int] = []
+    target = cst.parse_expression("perfora.compat")
+
+    class Swap(cst.CSTTransformer):
+        def leave_ImportFrom(self, original: cst.ImportFrom, updated: cst.ImportFrom):
+            name = cst.Module([]).code_for_node(original.module) if original.module else ""
+            if name == "perforatedai" and not original.relative:
+                lines.append(analyzer.line(original))
+                return updated.with_changes(module=target)
+            return updated
+
+    return module.visit(Swap()), lines
