@@ -128,7 +128,7 @@ class DendriteGrowth(Callback):
         """Perforate the model now (idempotent). Needed before ``fit`` only for ddp_spawn."""
         target = self.target(pl_module)
         if not dendritic_layers(target):
-            perforate(target, activation=self.config.activation, **self.perforate_kwargs)
+            perforate(target, **{"activation": self.config.activation, **self.perforate_kwargs})
         return pl_module
 
     # ------------------------------------------------------------------ hooks
