@@ -205,53 +205,67 @@ def lightning_runs(out: Path) -> dict:
     return res
 
 
-def deepspeed_runs(out: Path) -> dict:
-    """DeepSpeed ZeRO-2 under Lightning: growth, resume after a growth step, ZeRO-3 refusal."""
+def _fit(out: Path, name: str, *extra: str) -> dict:
+    """One Lightning fit of the test script on one GPU; its rank-0 record, or the error."""
     script = ROOT / "tests" / "lightning_scripts" / "run_digits.py"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get(
         "PYTHONPATH", "")]), CUBLAS_WORKSPACE_CONFIG=":4096:8")
-    for name in ("MASTER_ADDR", "MASTER_PORT"):
-        env.pop(name, None)
+    for var in ("MASTER_ADDR", "MASTER_PORT"):
+        env.pop(var, None)
+    cmd = [sys.executable, str(script), "--out", str(out / name), "--accelerator", "gpu",
+           "--devices", "1", *extra]
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    entry: dict = {"rc": proc.returncode, "seconds": round(time.perf_counter() - start, 1)}
+    rec = out / name / "rank0.pt"
+    if rec.exists():
+        entry["record"] = torch.load(rec, weights_only=False)
+    if proc.returncode != 0:
+        lines = [ln for ln in proc.stderr.splitlines() if "Error" in ln]
+        entry["error"] = lines[-1][:400] if lines else proc.stderr[-600:]
+    return entry
 
-    def fit(name: str, *extra: str) -> dict:
-        cmd = [sys.executable, str(script), "--out", str(out / name), "--accelerator", "gpu",
-               "--devices", "1", *extra]
-        start = time.perf_counter()
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
-        entry: dict = {"rc": proc.returncode, "seconds": round(time.perf_counter() - start, 1)}
-        rec = out / name / "rank0.pt"
-        if rec.exists():
-            entry["record"] = torch.load(rec, weights_only=False)
-        if proc.returncode != 0:
-            lines = [ln for ln in proc.stderr.splitlines() if "Error" in ln]
-            entry["error"] = lines[-1][:400] if lines else proc.stderr[-600:]
-        return entry
 
-    def summary(entry: dict) -> dict:
-        rec = entry.get("record") or {}
-        return {k: v for k, v in entry.items() if k != "record"} | {
-            k: rec.get(k) for k in ("num_dendrites", "events", "global_step")}
+def _summary(entry: dict) -> dict:
+    rec = entry.get("record") or {}
+    return {k: v for k, v in entry.items() if k != "record"} | {
+        k: rec.get(k) for k in ("num_dendrites", "events", "global_step")}
 
-    def diff(a: dict, b: dict) -> float | None:
-        if "record" not in a or "record" not in b:
-            return None
-        pa, pb = a["record"]["params"], b["record"]["params"]
-        if pa.keys() != pb.keys():
-            return None
-        return max((pa[k] - pb[k]).abs().max().item() for k in pa)
 
-    full = fit("ds_full", "--strategy", "deepspeed_stage_2", "--max-epochs", "12",
-               "--save-last")
-    first = fit("ds_first", "--strategy", "deepspeed_stage_2", "--max-epochs", "3",
+def _diff(a: dict, b: dict) -> float | None:
+    if "record" not in a or "record" not in b:
+        return None
+    pa, pb = a["record"]["params"], b["record"]["params"]
+    if pa.keys() != pb.keys():
+        return None
+    return max((pa[k] - pb[k]).abs().max().item() for k in pa)
+
+
+def _grow_resume_compare(out: Path, prefix: str, strategy: str) -> dict:
+    """Growth to completion, a run stopped after the first growth step and resumed, ddp."""
+    full = _fit(out, f"{prefix}_full", "--strategy", strategy, "--max-epochs", "12",
                 "--save-last")
-    resumed = fit("ds_resumed", "--strategy", "deepspeed_stage_2", "--max-epochs", "12",
-                  "--ckpt-path", str(out / "ds_first" / "ckpt" / "last.ckpt"))
-    ddp = fit("ddp_full", "--strategy", "ddp", "--max-epochs", "12")
-    stage3 = fit("ds_stage3", "--strategy", "deepspeed_stage_3", "--max-epochs", "1")
-    return {"full": summary(full), "first": summary(first), "resumed": summary(resumed),
-            "resumed_vs_full_max_diff": diff(resumed, full),
-            "ddp": summary(ddp), "deepspeed_vs_ddp_max_diff": diff(full, ddp),
-            "stage3": summary(stage3)}
+    first = _fit(out, f"{prefix}_first", "--strategy", strategy, "--max-epochs", "3",
+                 "--save-last")
+    resumed = _fit(out, f"{prefix}_resumed", "--strategy", strategy, "--max-epochs", "12",
+                   "--ckpt-path", str(out / f"{prefix}_first" / "ckpt" / "last.ckpt"))
+    ddp = _fit(out, "ddp_full", "--strategy", "ddp", "--max-epochs", "12")
+    return {"full": _summary(full), "first": _summary(first), "resumed": _summary(resumed),
+            "resumed_vs_full_max_diff": _diff(resumed, full), "ddp": _summary(ddp),
+            f"{prefix}_vs_ddp_max_diff": _diff(full, ddp)}
+
+
+def deepspeed_runs(out: Path) -> dict:
+    """DeepSpeed ZeRO-2 under Lightning: growth, resume after a growth step, ZeRO-3 refusal."""
+    report = _grow_resume_compare(out, "deepspeed", "deepspeed_stage_2")
+    report["stage3"] = _summary(_fit(out, "ds_stage3", "--strategy", "deepspeed_stage_3",
+                                     "--max-epochs", "1"))
+    return report
+
+
+def fsdp1_runs(out: Path) -> dict:
+    """Lightning's FSDPStrategy (FSDP1) with perfora.wrap_fsdp1: growth, resume, vs ddp."""
+    return _grow_resume_compare(out, "fsdp1", "fsdp1")
 
 
 def main() -> None:
@@ -265,7 +279,8 @@ def main() -> None:
     report = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__}
     checks = {"growth_on_cuda": growth_on_cuda, "nccl": nccl_restructures,
               "lightning": lambda: lightning_runs(args.out),
-              "deepspeed": lambda: deepspeed_runs(args.out)}
+              "deepspeed": lambda: deepspeed_runs(args.out),
+              "fsdp1": lambda: fsdp1_runs(args.out)}
     for name, fn in checks.items():
         if args.only and name not in args.only:
             continue

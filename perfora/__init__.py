@@ -34,9 +34,16 @@ __all__ = [
 ]
 
 from . import distributed  # noqa: E402
-from .distributed import RankMismatchError, set_epoch, shard_fsdp2, wrap_ddp  # noqa: E402
+from .distributed import (  # noqa: E402
+    RankMismatchError,
+    set_epoch,
+    shard_fsdp2,
+    wrap_ddp,
+    wrap_fsdp1,
+)
 
-__all__ += ["distributed", "RankMismatchError", "wrap_ddp", "shard_fsdp2", "set_epoch"]
+__all__ += ["distributed", "RankMismatchError", "wrap_ddp", "shard_fsdp2", "wrap_fsdp1",
+            "set_epoch"]
 
 
 if TYPE_CHECKING:  # pragma: no cover

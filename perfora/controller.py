@@ -38,6 +38,7 @@ from .convert import layer_specs, rebuild_structure
 from .distributed import agree_on_scores, barrier, is_rank_zero
 from .distributed.fingerprint import check_same_structure
 from .distributed.fsdp import (
+    FSDP1_KIND,
     FSDP2Spec,
     full_state_dict,
     gather_optimizer_state,
@@ -234,6 +235,9 @@ class GrowthController:
 
     def parameter_count(self) -> int:
         """Parameters of the model, as deployed (no hidden copies)."""
+        if self._fsdp1() and self._wrapper.template is not None:  # type: ignore[union-attr]
+            # FSDP1 keeps only this rank's slice in each parameter: count the full copy
+            return sum(p.numel() for p in self._wrapper.template.parameters())  # type: ignore
         return sum(p.numel() for p in unwrap_model(self.model).parameters())
 
     # ---------------------------------------------------------- optimizer setup
@@ -281,7 +285,11 @@ class GrowthController:
             self._wrapper = wrapper_spec(model)
 
     def _fsdp2(self) -> bool:
+        """True when the model is sharded by FSDP2 or (``_fsdp1``) FSDP1 through perfora."""
         return isinstance(self._wrapper, FSDP2Spec)
+
+    def _fsdp1(self) -> bool:
+        return isinstance(self._wrapper, FSDP2Spec) and self._wrapper.kind == FSDP1_KIND
 
     def _unshard(self) -> None:
         """FSDP2: swap the sharded model for an unsharded copy with the full state (collective)."""
@@ -293,8 +301,9 @@ class GrowthController:
         """The full model state; under FSDP2 a collective unless gathered for this write."""
         if self._full_cache is not None:
             return self._full_cache
-        inner = unwrap_model(self.model)
-        return full_state_dict(inner) if self._fsdp2() else inner.state_dict()
+        if self._fsdp2():
+            return full_state_dict(self.model)  # the FSDP root (FSDP1) or the module itself
+        return unwrap_model(self.model).state_dict()
 
     def _optimizer_is_current(self) -> bool:
         """False when the optimizer holds parameters the model no longer has (FSDP2 after
@@ -314,6 +323,8 @@ class GrowthController:
             return None
         if not self._fsdp2():
             return split_optimizer_state(self.optimizer)
+        if self._fsdp1():
+            return None  # FSDP1 keeps flat slices: the optimizer state is not saved
         if self._full_cache is not None:  # gathered together with the model
             return self._optim_cache
         if not self._optimizer_is_current():
@@ -327,7 +338,7 @@ class GrowthController:
         if due and self._fsdp2() and self.run_dir is not None and self.write_files \
                 and self.config.save_checkpoints:
             optimizer = self._optimizer_state()
-            self._full_cache = to_storable(full_state_dict(unwrap_model(self.model)))
+            self._full_cache = to_storable(full_state_dict(self.model))
             self._optim_cache = optimizer
 
     def _drop_gathered(self) -> None:
@@ -336,6 +347,8 @@ class GrowthController:
 
     def _sync_structure(self) -> None:
         """Check every rank has the same structure, then re-wrap DDP/DataParallel."""
+        if isinstance(self._wrapper, FSDP2Spec) and self._wrapper.sharded(self.model):
+            return  # still sharded: nothing was resized, nothing to shard again
         check_same_structure(self.model)
         if self._wrapper is not None:
             if isinstance(self.model, nn.parallel.DistributedDataParallel):

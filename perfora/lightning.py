@@ -20,6 +20,7 @@ from torch import nn
 from .config import PerforaConfig, nearest_name
 from .controller import CONTINUE, Decision, GrowthController
 from .convert import layer_specs, perforate
+from .distributed.fsdp import is_fsdp1
 from .errors import ConfigError, PerforaError
 from .layers import dendritic_layers
 
@@ -149,7 +150,7 @@ class DendriteGrowth(Callback):
         self.prepare(pl_module)
         self._pl_module = pl_module
         self.controller = None
-        if isinstance(strategy, ModelParallelStrategy | DeepSpeedStrategy):
+        if isinstance(strategy, ModelParallelStrategy | DeepSpeedStrategy | FSDPStrategy):
             self._regrow_before_checkpoint_load(trainer, pl_module)
 
     def _regrow_before_checkpoint_load(self, trainer: pl.Trainer,
@@ -172,12 +173,15 @@ class DendriteGrowth(Callback):
         strategy.load_checkpoint = load_checkpoint  # this Trainer's strategy only
 
     def _check_strategy(self, strategy: Any) -> None:
-        if isinstance(strategy, FSDPStrategy):
+        if isinstance(strategy, FSDPStrategy) and (
+                not strategy.kwargs.get("use_orig_params") or self.module_path is None):
             raise PerforaError(
-                "strategy='fsdp' (FSDP1, FullyShardedDataParallel) flattens parameters, so "
-                "perfora cannot add dendrites in place. Use FSDP2: strategy="
-                "ModelParallelStrategy() with perfora.shard_fsdp2(self.<module>, mesh="
-                "self.device_mesh['data_parallel']) in configure_model")
+                "strategy='fsdp' (FSDP1) flattens the whole LightningModule, so perfora "
+                "cannot add dendrites in place. Use strategy=FSDPStrategy(use_orig_params=True),"
+                " wrap the submodule in configure_model with self.<module> = "
+                "perfora.wrap_fsdp1(self.<module>, device_id=self.trainer.strategy."
+                "root_device) and pass DendriteGrowth(module='<module>'); or use FSDP2 "
+                "(ModelParallelStrategy with perfora.shard_fsdp2)")
         if isinstance(strategy, DeepSpeedStrategy) and _zero_stage(strategy) == 3:
             raise PerforaError(
                 "DeepSpeed ZeRO stage 3 partitions the parameters, so perfora cannot add "
@@ -190,6 +194,12 @@ class DendriteGrowth(Callback):
     def _ensure_controller(self, trainer: pl.Trainer, pl_module: nn.Module) -> GrowthController:
         """Create the controller once the model has its final (possibly sharded) form."""
         if self.controller is None:
+            target = self.target(pl_module)
+            if isinstance(trainer.strategy, FSDPStrategy) and not is_fsdp1(target):
+                raise PerforaError(
+                    f"under strategy='fsdp' wrap the grown submodule in configure_model: "
+                    f"self.{self.module_path} = perfora.wrap_fsdp1(self.{self.module_path}, "
+                    "device_id=self.trainer.strategy.root_device)")
             run_dir = self.run_dir
             if run_dir is None:
                 run_dir = f"{trainer.default_root_dir}/perfora"
@@ -248,7 +258,7 @@ class DendriteGrowth(Callback):
             strategy.model = strategy.lightning_module  # drop the old wrapper's buckets
             strategy.configure_ddp()
         strategy.setup_optimizers(trainer)
-        if isinstance(strategy, ModelParallelStrategy):
+        if isinstance(strategy, ModelParallelStrategy | FSDPStrategy):
             for optimizer in strategy.optimizers:
                 prime_optimizer_state(optimizer)
 

@@ -23,6 +23,8 @@ from ..layers import dendritic_layers
 from .collectives import is_distributed
 
 FSDP2_KIND = "fsdp2"
+FSDP1_KIND = "fsdp1"
+_FSDP1_PREFIX = "_fsdp_wrapped_module."
 _SPEC_ATTR = "_perfora_wrapper_spec"
 
 
@@ -39,11 +41,18 @@ def is_fsdp2(model: nn.Module) -> bool:
     return any(isinstance(m, FSDPModule) for m in model.modules())
 
 
+def is_fsdp1(model: nn.Module) -> bool:
+    """True when ``model`` is a ``FullyShardedDataParallel`` (FSDP1) root."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    return isinstance(model, FullyShardedDataParallel)
+
+
 def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """Every tensor of a sharded model, unsharded, on every rank (a collective)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    if not is_fsdp2(model):
+    if not is_fsdp2(model) and not is_fsdp1(model):
         return dict(model.state_dict())
     options = StateDictOptions(full_state_dict=True, cpu_offload=False)
     return dict(get_model_state_dict(model, options=options))
@@ -167,9 +176,13 @@ class FSDP2Spec:
     template: nn.Module | None = field(default=None, repr=False)
     kind: str = FSDP2_KIND
 
+    def sharded(self, model: nn.Module) -> bool:
+        """True when ``model`` is sharded the way this spec shards."""
+        return is_fsdp1(model) if self.kind == FSDP1_KIND else is_fsdp2(model)
+
     def unshard(self, model: nn.Module) -> nn.Module:
         """An unsharded module holding ``model``'s full state (a collective on every rank)."""
-        if not is_fsdp2(model):
+        if not self.sharded(model):
             return model
         if self.template is None:
             raise ConversionError("perfora lost the unsharded copy of this FSDP2 model; shard "
@@ -179,20 +192,30 @@ class FSDP2Spec:
         # only broadcast device tensors)
         plain = copy.deepcopy(self.template).to(_local_device(model))
         plain.load_state_dict(state)
-        flags = {n: p.requires_grad for n, p in model.named_parameters()}
+        flags = {n.replace(_FSDP1_PREFIX, ""): p.requires_grad
+                 for n, p in model.named_parameters()}
         for name, p in plain.named_parameters():
             p.requires_grad_(flags.get(name, p.requires_grad))
         return plain
 
     def wrap(self, module: nn.Module) -> nn.Module:
         """Broadcast rank 0's values into ``module`` and shard it (a collective)."""
-        if is_fsdp2(module):
+        if self.sharded(module):
             return module  # already sharded: requires_grad flips need no re-shard
+        device = self.kwargs.get("device_id") if self.kind == FSDP1_KIND else None
+        if device is not None:
+            module.to(torch.device("cuda", device) if isinstance(device, int) else device)
         if is_distributed():
             with torch.no_grad():
                 for t in [*module.parameters(), *module.buffers()]:
                     dist.broadcast(t.data, src=0)
         self.template = copy.deepcopy(module).cpu()
+        if self.kind == FSDP1_KIND:
+            from torch.distributed.fsdp import FullyShardedDataParallel
+
+            wrapped = FullyShardedDataParallel(module, use_orig_params=True, **self.kwargs)
+            object.__setattr__(wrapped, _SPEC_ATTR, self)
+            return wrapped
         shard = _fully_shard()
         if self.per_layer:
             for layer in dendritic_layers(module).values():
@@ -219,3 +242,25 @@ def shard_fsdp2(model: nn.Module, *, per_layer: bool = True, **fully_shard_kwarg
         raise ConversionError("shard_fsdp2 needs a perforated model: call "
                               "perfora.perforate(model) first")
     return FSDP2Spec(dict(fully_shard_kwargs), per_layer).wrap(model)
+
+
+def wrap_fsdp1(model: nn.Module, **fsdp_kwargs: Any) -> nn.Module:
+    """``FullyShardedDataParallel`` (FSDP1) around a perforated model, re-wrappable by perfora.
+
+    The model is one FSDP unit with ``use_orig_params=True`` (perfora resizes the original
+    parameters); ``fsdp_kwargs`` (``device_id=``, ``sharding_strategy=``,
+    ``mixed_precision=``, ...) are kept and used again at every restructure. Prefer FSDP2
+    (:func:`shard_fsdp2`); this is for code and strategies built on FSDP1.
+    """
+    if is_fsdp1(model) or is_fsdp2(model):
+        raise ConversionError("wrap_fsdp1 got a model that is already sharded; give it the "
+                              "unsharded, perforated model")
+    if not dendritic_layers(model):
+        raise ConversionError("wrap_fsdp1 needs a perforated model: call "
+                              "perfora.perforate(model) first")
+    for name in ("auto_wrap_policy", "use_orig_params"):
+        if name in fsdp_kwargs:
+            raise ConversionError(f"wrap_fsdp1 does not take {name}=: perfora wraps the model "
+                                  "as one FSDP unit with use_orig_params=True so that it can "
+                                  "resize the dendrite parameters")
+    return FSDP2Spec(dict(fsdp_kwargs), per_layer=False, kind=FSDP1_KIND).wrap(model)

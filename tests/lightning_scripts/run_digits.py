@@ -35,15 +35,19 @@ def digits_loaders(batch_size: int) -> tuple[DataLoader, DataLoader]:
 class DigitsNet(pl.LightningModule):
     """A small MLP; ``shard`` applies perfora.shard_fsdp2 under ModelParallelStrategy."""
 
-    def __init__(self, hidden: int = 16, lr: float = 0.01, shard: bool = False) -> None:
+    def __init__(self, hidden: int = 16, lr: float = 0.01, shard: bool | str = False) -> None:
         super().__init__()
         self.net = nn.Sequential(nn.Linear(64, hidden), nn.ReLU(), nn.Linear(hidden, 10))
         self.lr, self.shard = lr, shard
 
     def configure_model(self) -> None:
-        if self.shard:
-            import perfora
+        import perfora
 
+        if self.shard == "fsdp1":
+            if not perfora.distributed.is_fsdp1(self.net):
+                self.net = perfora.wrap_fsdp1(self.net,
+                                              device_id=self.trainer.strategy.root_device)
+        elif self.shard:
             perfora.shard_fsdp2(self.net, mesh=self.device_mesh["data_parallel"])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -113,8 +117,12 @@ def main() -> None:
     pl.seed_everything(7, workers=True)
 
     strategy = args.strategy
-    shard = strategy == "model_parallel"
-    if shard:
+    shard: bool | str = strategy == "model_parallel"
+    if strategy == "fsdp1":
+        from lightning.pytorch.strategies import FSDPStrategy
+
+        shard, strategy = "fsdp1", FSDPStrategy(use_orig_params=True)
+    if shard is True:
         from lightning.pytorch.strategies import ModelParallelStrategy
 
         strategy = ModelParallelStrategy(data_parallel_size=args.devices,
