@@ -235,7 +235,10 @@ def _summary(entry: dict) -> dict:
 def _diff(a: dict, b: dict) -> float | None:
     if "record" not in a or "record" not in b:
         return None
-    pa, pb = a["record"]["params"], b["record"]["params"]
+    def clean(params: dict) -> dict:  # FSDP1 names carry its wrapper's prefix
+        return {k.replace("_fsdp_wrapped_module.", ""): v for k, v in params.items()}
+
+    pa, pb = clean(a["record"]["params"]), clean(b["record"]["params"])
     if pa.keys() != pb.keys():
         return None
     return max((pa[k] - pb[k]).abs().max().item() for k in pa)

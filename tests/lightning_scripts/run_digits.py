@@ -180,6 +180,7 @@ def main() -> None:
 
     if dist.is_available() and dist.is_initialized():
         dist.barrier()  # both ranks have written their records: leave together
+        (out / f"exit_ok_{rank}").touch()
         dist.destroy_process_group()
 
 

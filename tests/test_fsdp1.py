@@ -1,0 +1,62 @@
+"""In-process restructure under FSDP1 (``FullyShardedDataParallel`` through
+``perfora.wrap_fsdp1``): 2 real CPU ranks (gloo, FileStore), compared with DDP."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from test_ddp import make_model, run_ranks, train_epoch
+from torch.distributed.fsdp import FullyShardedDataParallel
+
+import perfora
+from perfora.distributed import full_state_dict, wrap_ddp, wrap_fsdp1
+from perfora.errors import ConversionError
+
+CPU = torch.device("cpu")
+
+
+def grow_and_train(rank: int, tmp: Path, kind: str) -> dict:
+    """Three growth steps and the completion's rewind; the full state after every epoch."""
+    base = make_model(seed=5)
+    model = wrap_fsdp1(base, device_id=CPU) if kind == "fsdp1" else wrap_ddp(base)
+    ctl = perfora.GrowthController(model, switch_mode="fixed", fixed_switch_num=1,
+                                   max_dendrites=3, retain_all_dendrites=True,
+                                   run_dir=tmp / kind)
+    ctl.set_optimizer(torch.optim.Adam, lr=0.01)
+    opt, _ = ctl.build_optimizer()
+    states, kinds = [], []
+    for epoch in range(4):
+        train_epoch(model, opt, rank, epoch)
+        root = model if kind == "fsdp1" else perfora.unwrap_model(model)
+        states.append({k: v.tolist() for k, v in full_state_dict(root).items()})
+        decision = ctl.step(0.5 + epoch, model=model)
+        model, opt = decision.model, decision.optimizer
+        kinds.append(type(model).__name__)
+    return {"states": states, "wrappers": kinds, "params": ctl.parameter_count(),
+            "dendrites": ctl.num_dendrites, "complete": ctl.completed}
+
+
+@pytest.mark.timeout(200)
+def test_fsdp1_restructures_match_ddp_exactly(tmp_path):
+    ddp = run_ranks(grow_and_train, tmp_path / "ddp", "ddp")
+    fsdp = run_ranks(grow_and_train, tmp_path / "fsdp1", "fsdp1")
+    for rank in range(2):
+        assert fsdp[rank]["wrappers"] == ["FullyShardedDataParallel"] * 4
+        assert fsdp[rank]["dendrites"] == 3 and fsdp[rank]["complete"]
+        assert fsdp[rank]["params"] == ddp[rank]["params"]  # the full count, not a shard
+        for a, b in zip(ddp[rank]["states"], fsdp[rank]["states"]):
+            assert a.keys() == b.keys()
+            for key in a:
+                assert torch.equal(torch.tensor(a[key]), torch.tensor(b[key])), key
+    assert (tmp_path / "fsdp1" / "fsdp1" / "best.safetensors").exists()
+
+
+def test_wrap_fsdp1_refuses_what_it_cannot_re_wrap():
+    model = make_model(seed=0)
+    with pytest.raises(ConversionError, match="auto_wrap_policy"):
+        wrap_fsdp1(model, auto_wrap_policy=lambda *a, **k: True)
+    with pytest.raises(ConversionError, match="perforate"):
+        wrap_fsdp1(torch.nn.Linear(2, 2))
+    assert not isinstance(model, FullyShardedDataParallel)
