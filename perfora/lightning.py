@@ -3,7 +3,8 @@
 The callback perforates the LightningModule (or one of its submodules) at setup, feeds the
 monitored metric to a :class:`~perfora.GrowthController` at the end of every validation,
 and after each restructure re-wraps the model under the active strategy and rebuilds the
-optimizers and schedulers from the user's ``configure_optimizers``. Growth completion
+optimizers and schedulers from the user's ``configure_optimizers`` (DDP, FSDP2 and FSDP1
+through perfora's sharding helpers, DeepSpeed ZeRO 0-2). Growth completion
 restores the best model and stops the fit. Lightning is an optional dependency
 (``pip install "perfora[lightning]"``).
 """
