@@ -236,6 +236,27 @@ def test_resize_gives_the_same_shapes_as_growing(case):
     assert n_params(sized) == n_params(sized.base)
 
 
+@pytest.mark.parametrize("case", list(CASES))
+def test_load_state_dict_takes_the_saved_dendrite_count(case):
+    """A grown state loads into a layer that has not grown (Lightning's weight restore and
+    ddp_spawn's copy-back rely on it): same dendrite count, same outputs."""
+    grown, x = make(case)
+    gen = torch.Generator().manual_seed(3)
+    for _ in range(2):
+        grown.grow(gen)
+    with torch.no_grad():
+        grown.out_weight.normal_()
+    fresh = copy.deepcopy(grown)
+    fresh.resize(0)
+    fresh.load_state_dict(grown.state_dict())
+    assert fresh.num_dendrites == 2
+    with torch.no_grad():
+        assert torch.equal(fresh(x), grown(x))
+    partial = {k: v for k, v in grown.state_dict().items() if k != "out_weight"}
+    with pytest.raises(RuntimeError, match="out_weight"):  # an incomplete state still fails
+        fresh.load_state_dict(partial)
+
+
 @pytest.mark.parametrize("case", ["linear_2d", "linear_3d", "conv2d", "conv2d_groups2",
                                   "conv3d", "generic_features_last", "generic_channels_first"])
 def test_no_dead_parameters(case):

@@ -199,13 +199,17 @@ def test_bad_arguments_raise_clear_errors():
         DendriteGrowth(mode="maximum")
     with pytest.raises(ConfigError, match="max_dendrites"):
         DendriteGrowth(max_dendrites=-1)
+    with pytest.raises(ConfigError, match="monitor must be the name of a logged metric"):
+        DendriteGrowth(monitor="")
+    with pytest.raises(ConfigError, match="n_epochs_to_switch"):
+        DendriteGrowth(patience=0)
     with pytest.raises(ConfigError, match=r"no such submodule; its children are \['net'\]"):
         DendriteGrowth(module="backbone").prepare(DigitsNet())
 
 
 @pytest.mark.timeout(60)
 def test_unsupported_strategies_are_refused_with_the_alternative(tmp_path):
-    from lightning.pytorch.strategies import FSDPStrategy
+    from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
 
     growth = DendriteGrowth(module="net")
     with pytest.raises(PerforaError, match=r"use_orig_params=True.*wrap_fsdp1"):
@@ -213,6 +217,8 @@ def test_unsupported_strategies_are_refused_with_the_alternative(tmp_path):
     with pytest.raises(PerforaError, match=r"wrap_fsdp1"):
         DendriteGrowth()._check_strategy(FSDPStrategy())  # no module= to wrap
     growth._check_strategy(FSDPStrategy())  # Lightning's default use_orig_params=True
+    with pytest.raises(ConfigError, match=r"ModelParallelStrategy give DendriteGrowth\(module"):
+        DendriteGrowth()._check_strategy(ModelParallelStrategy())
     spawn = pl.Trainer(accelerator="cpu", devices=2, strategy="ddp_spawn", logger=False)
     with pytest.raises(PerforaError, match=r"growth.prepare\(model\)"):
         growth.setup(spawn, DigitsNet(), "fit")
