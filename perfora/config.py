@@ -13,7 +13,7 @@ from .errors import ConfigError
 
 SWITCH_MODES = ("patience", "fixed", "every_epoch", "never")
 ACTIVATIONS = ("sigmoid", "tanh", "relu")
-DENDRITE_INITS = ("default", "normal")
+DENDRITE_INITS = ("default", "normal", "error")
 
 
 @dataclass
@@ -48,11 +48,33 @@ class PerforaConfig:
     """Keep a dendrite set even when its cycle did not beat the global best."""
     capacity_test: bool = False
     """Quick smoke test: switch every epoch, keep every set, stop after 3 additions."""
-    activation: str = "sigmoid"
-    """Dendrite nonlinearity: 'sigmoid', 'tanh' or 'relu'."""
+    activation: str | None = None
+    """Dendrite nonlinearity: 'sigmoid', 'tanh' or 'relu'. None keeps the one given to
+    ``perforate()`` (sigmoid unless told). When set, the controller applies it to every
+    wrapped layer (a layer that already holds dendrites of another kind is an error)."""
     dendrite_init: str = "default"
     """'default': the wrapped layer's own default init (uniform, 1/sqrt(fan_in)) times
-    ``dendrite_init_scale``; 'normal': N(0, 1) times ``dendrite_init_scale``."""
+    ``dendrite_init_scale``; 'normal': N(0, 1) times ``dendrite_init_scale``; 'error': from the
+    error signal, Cascade-Correlation style: a pool of ``candidate_pool`` default-init
+    candidates per neuron is trained for ``candidate_steps`` steps on rows of the layer's
+    input and output gradient recorded in the epoch before growth, to maximise the
+    covariance with the neuron's error, and the best is kept (``v`` still starts at zero, so
+    the output is unchanged). Linear and ungrouped Conv1d/Conv2d layers; others use
+    'default'."""
+    grow_fraction: float = 1.0
+    """Selective growth: the share of each layer's neurons that get a dendrite at a growth
+    step, those with the most error a dendrite can explain (with ``dendrite_init='error'``:
+    the best candidate's |correlation| times the error's spread; otherwise the spread of the
+    error alone). 1.0: every neuron. Linear and ungrouped Conv layers; others grow full sets."""
+    candidate_pool: int = 8
+    """Candidates trained per neuron with ``dendrite_init='error'`` (smaller for big layers)."""
+    candidate_steps: int = 100
+    """Adam steps of candidate training with ``dendrite_init='error'`` (0: pick the best
+    random draw)."""
+    candidate_lr: float = 0.05
+    """Learning rate of candidate training."""
+    signal_rows: int = 2048
+    """Rows of (input, output gradient) kept per layer for error-driven growth."""
     dendrite_init_scale: float = 1.0
     """Multiplier on the initial dendrite weights."""
     rule: str = "gd"
@@ -106,8 +128,24 @@ class PerforaConfig:
         _check_int(self, "max_dendrite_tries", minimum=1)
         _check_bool(self, "retain_all_dendrites")
         _check_bool(self, "capacity_test")
-        _check_choice(self, "activation", ACTIVATIONS)
+        if self.activation is not None:
+            _check_choice(self, "activation", ACTIVATIONS)
         _check_choice(self, "dendrite_init", DENDRITE_INITS)
+        frac = self.grow_fraction
+        if (isinstance(frac, bool) or not isinstance(frac, int | float)
+                or not math.isfinite(frac) or not 0 < frac <= 1):
+            raise ConfigError(f"grow_fraction must be a fraction in (0, 1] (e.g. 0.5: half of "
+                              f"each layer's neurons get a dendrite per growth step), got "
+                              f"{frac!r}")
+        self.grow_fraction = float(frac)
+        _check_int(self, "candidate_pool", minimum=1)
+        _check_int(self, "candidate_steps", minimum=0)
+        lr = self.candidate_lr
+        if isinstance(lr, bool) or not isinstance(lr, int | float) or not math.isfinite(lr) \
+                or lr <= 0:
+            raise ConfigError(f"candidate_lr must be a positive number, got {lr!r}")
+        self.candidate_lr = float(lr)
+        _check_int(self, "signal_rows", minimum=16)
         scale = self.dendrite_init_scale
         if (isinstance(scale, bool) or not isinstance(scale, int | float)
                 or not math.isfinite(scale) or scale <= 0):
@@ -117,6 +155,11 @@ class PerforaConfig:
         from .rules import available_rules  # late import: rules import config
 
         _check_choice(self, "rule", available_rules())
+        if self.rule == "correlation" and self.grow_fraction < 1:
+            raise ConfigError("grow_fraction < 1 (selective growth) cannot be combined with "
+                              "rule='correlation', which trains full dendrite sets; use "
+                              "rule='gd' (dendrite_init='error' gives Cascade-Correlation's "
+                              "candidate training) or grow_fraction=1.0")
         _check_int(self, "correlation_patience", minimum=1)
         self.correlation_threshold = _nonneg_float("correlation_threshold",
                                                    self.correlation_threshold)
@@ -139,6 +182,10 @@ class PerforaConfig:
             self.checkpoint_time_budget = float(budget)
         if not isinstance(self.extra, dict):
             raise ConfigError(f"extra must be a dict, got {type(self.extra).__name__}")
+
+    def uses_error_signal(self) -> bool:
+        """True when growth steps are planned from recorded error signals."""
+        return self.dendrite_init == "error" or self.grow_fraction < 1
 
     def threshold_for(self, num_dendrites: int) -> float:
         """The relative improvement margin in force with ``num_dendrites`` sets."""

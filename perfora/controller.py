@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from . import __version__
+from .candidates import GrowthPlan, plan_growth
 from .checkpoint import (
     Checkpoint,
     atomic_write_bytes,
@@ -36,6 +37,7 @@ from .checkpoint import (
 from .config import PerforaConfig
 from .convert import layer_specs, rebuild_structure
 from .distributed import agree_on_scores, barrier, is_rank_zero
+from .distributed.collectives import all_reduce_values
 from .distributed.fingerprint import check_same_structure
 from .distributed.fsdp import (
     FSDP1_KIND,
@@ -59,6 +61,7 @@ from .optim import (
 )
 from .report import RunReport
 from .rules import make_rule
+from .signal import ErrorSignalProbe
 
 CONTINUE, RESTRUCTURE, PHASE_CHANGE, COMPLETE = "continue", "restructure", "phase_change", \
     "complete"
@@ -177,10 +180,13 @@ class GrowthController:
             raise ConversionError(f"rule={config.rule!r} is not supported under FSDP2 yet (its "
                                   "phase switches change parameters outside a restructure); "
                                   "use rule='gd', or train under DDP (perfora.wrap_ddp)")
+        _apply_activation(layers, config.activation)
         self.rule = make_rule(config.rule, config)
         self.rule.bind_model(model)
         self.rule.apply(layers)
         self.state = ControllerState(num_dendrites=self._layer_dendrites())
+        self._probe = ErrorSignalProbe(config.signal_rows) if config.uses_error_signal() \
+            else None
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler: Any = None
         self._optimizer_recipe: OptimizerRecipe | None = None
@@ -471,6 +477,53 @@ class GrowthController:
             return st.epoch - st.cycle_start_epoch >= cfg.fixed_switch_num
         return st.epoch - st.last_improved_epoch >= cfg.n_epochs_to_switch
 
+    def _switch_may_come_next(self) -> bool:
+        """True when the next epoch's report may add dendrites (if it does not improve)."""
+        st, cfg = self.state, self.config
+        if st.completed or cfg.max_dendrites == 0 or cfg.switch_mode == "never" \
+                or self.rule.phase != self.rule.neuron_phase:
+            return False
+        if cfg.capacity_test or cfg.switch_mode == "every_epoch":
+            return True
+        if cfg.switch_mode == "fixed":
+            return st.epoch + 1 - st.cycle_start_epoch >= cfg.fixed_switch_num
+        return st.epoch + 1 - st.last_improved_epoch >= cfg.n_epochs_to_switch
+
+    def _update_probe(self) -> None:
+        """Record the error signal only in an epoch that a growth step may follow."""
+        if self._probe is None:
+            return
+        self._probe.disarm()  # the layers may be new objects (FSDP2 re-shards a copy)
+        if self._switch_may_come_next():
+            self._probe.arm(self._layers())
+        else:
+            self._probe.clear()
+
+    def _plan_growth(self, layers: Mapping[str, Any]) -> dict[str, GrowthPlan]:
+        """Per layer, the next set's neurons and weights from the recorded error signal.
+
+        A layer without recorded rows on some rank (or of a kind the probe cannot read)
+        grows a full set with random weights, on every rank alike."""
+        cfg, probe = self.config, self._probe
+        if probe is None:
+            return {}
+        paths = sorted(layers)
+        counts = torch.tensor([probe.row_count(p) for p in paths], dtype=torch.int64)
+        counts = all_reduce_values(counts, "min")
+        plans: dict[str, GrowthPlan] = {}
+        for index, path in enumerate(paths):
+            if int(counts[index]) < 2:
+                continue
+            x, e = probe.samples(path)  # type: ignore[misc]
+            seed = zlib.crc32(f"{cfg.seed}:{self.state.additions}:{index}:{path}:pool".encode())
+            plans[path] = plan_growth(
+                layers[path], x, e, generator=torch.Generator().manual_seed(seed),
+                fraction=cfg.grow_fraction, train_pool=cfg.dendrite_init == "error",
+                pool=cfg.candidate_pool, steps=cfg.candidate_steps, lr=cfg.candidate_lr,
+                scale=cfg.dendrite_init_scale)
+        probe.clear()
+        return plans
+
     def _decide(self) -> tuple[str, str]:
         st, cfg = self.state, self.config
         if not self._switch_due():
@@ -519,6 +572,7 @@ class GrowthController:
         if self._writes():
             self._write_run_files(action, improved_best)
         self._drop_gathered()
+        self._update_probe()
         self._last_time = time.perf_counter()
         return Decision(action=action, reason=reason, model=self.model,
                         optimizer=self.optimizer, scheduler=self.scheduler, epoch=st.epoch,
@@ -543,11 +597,15 @@ class GrowthController:
         st = self.state
         self._unshard()
         layers = self._layers()
+        plans = self._plan_growth(layers)
+        init = "default" if self.config.dendrite_init == "error" else self.config.dendrite_init
         for index, (path, layer) in enumerate(sorted(layers.items())):
             seed = zlib.crc32(f"{self.config.seed}:{st.additions}:{index}:{path}".encode())
             gen = torch.Generator().manual_seed(seed)
-            layer.grow(gen, init=self.config.dendrite_init,
-                       scale=self.config.dendrite_init_scale)
+            plan = plans.get(path)
+            layer.grow(gen, init=init, scale=self.config.dendrite_init_scale,
+                       neurons=plan.neurons if plan else None,
+                       weights=plan.weights if plan else None)
         st.additions += 1
         st.num_dendrites = self._layer_dendrites()
         st.switch_epochs.append(st.epoch)
@@ -699,6 +757,7 @@ class GrowthController:
         if self._report is not None:
             self._report._columns = None
             self._report.write_metrics(self.state.history)
+        self._update_probe()
         self._last_time = time.perf_counter()
 
     def save(self, path: str | Path) -> None:
@@ -754,10 +813,25 @@ class GrowthController:
         if self._report is not None:
             self._report._columns = None
             self._report.write_metrics(self.state.history)
+        self._update_probe()
         self._last_time = time.perf_counter()
         return Decision(RESTRUCTURE, f"loaded {path.name}", self.model, self.optimizer,
                         self.scheduler, self.state.epoch, self.state.num_dendrites,
                         self.rule.phase)
+
+
+def _apply_activation(layers: Mapping[str, Any], activation: str | None) -> None:
+    """Give every wrapped layer the configured dendrite nonlinearity (None: keep theirs)."""
+    if activation is None:
+        return
+    for path, layer in layers.items():
+        if layer.activation == activation:
+            continue
+        if layer.num_dendrites:
+            raise ConversionError(f"layer {path!r} already holds {layer.activation} dendrites; "
+                                  f"the setting activation={activation!r} cannot change them "
+                                  "(leave activation unset to keep the model's)")
+        layer.activation = activation
 
 
 def _jsonable_or_none(state: Mapping[str, Any]) -> dict[str, Any] | None:

@@ -349,5 +349,6 @@ def rebuild_structure(model: nn.Module, specs: Mapping[str, Mapping]) -> None:
                 f"{spec['num_neurons']} in the checkpoint: the model was built with another "
                 "width; build it with the same shape as the run that saved it")
         layer.activation = spec["activation"]
-        if layer.num_dendrites != spec["num_dendrites"]:
-            layer.resize(spec["num_dendrites"])
+        neurons = spec.get("neurons")
+        if layer.num_dendrites != spec["num_dendrites"] or layer.set_neurons() != neurons:
+            layer.resize(spec["num_dendrites"], neurons)

@@ -12,6 +12,10 @@ at large batch: no K-sized zero-filled gradient buffers) and keeps growth bit-ex
 wider GEMM does not (it may round the old columns differently).
 A new dendrite starts with zero ``v`` and ``w`` rows, so growth leaves the output unchanged.
 
+A dendrite *set* may feed only some neurons (selective growth): its bank rows then exist only
+for those neurons, and a ``dendrite_mask`` buffer (sets x neurons) records which neurons each
+set feeds. The buffer is saved in the state dict, so a state alone rebuilds the structure.
+
 A learning rule may train the newest dendrite apart (the correlation rule's *candidate*):
 :meth:`DendriticLayer.split_candidate` moves it out of the bank into parameters of its own,
 so it can train while the bank stays frozen, and :meth:`DendriticLayer.merge_candidate`
@@ -92,6 +96,8 @@ class DendriticLayer(nn.Module):
         self.has_candidate = False
         # set by a learning rule: (output, candidate output) -> output, identity in forward
         self.candidate_tap: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+        self.register_buffer("dendrite_mask", None)  # (sets, neurons) bool; None: every set full
+        self._index_cache: tuple | None = None
         self.register_state_dict_post_hook(_merged_state_hook)
 
     # ------------------------------------------------------------------ structure
@@ -120,17 +126,65 @@ class DendriticLayer(nn.Module):
             "grouped": self.grouped,
             "kind": self.kind,
             "base_type": type(self.source).__name__,
+            **({"neurons": self.set_neurons()} if self.dendrite_mask is not None else {}),
         }
+
+    def set_neurons(self) -> list[list[int]] | None:
+        """Per dendrite set, the neurons it feeds; None when every set feeds every neuron."""
+        if self.dendrite_mask is None:
+            return None
+        return [row.nonzero().flatten().tolist() for row in self.dendrite_mask.cpu()]
+
+    def supports_partial_sets(self) -> bool:
+        """True when a dendrite set may feed only some neurons (Linear, ungrouped Conv)."""
+        return self.kind in ("linear", "conv") and self._groups() == 1
+
+    def _set_mask(self, neurons: list[list[int] | None] | None, k: int) -> None:
+        """Record which neurons each of the k sets feeds (None: all sets feed all neurons)."""
+        self._index_cache = None
+        if neurons is None or all(n is None for n in neurons):
+            self.dendrite_mask = None
+            return
+        if not self.supports_partial_sets():
+            raise ConversionError(f"a {self.kind} layer (groups={self._groups()}) cannot hold "
+                                  "dendrite sets that feed only some neurons; use full sets")
+        if len(neurons) != k:
+            raise ConversionError(f"got neuron lists for {len(neurons)} dendrite sets, "
+                                  f"expected {k}")
+        ref = self._reference()
+        mask = torch.zeros(k, self.num_neurons, dtype=torch.bool, device=ref.device)
+        for row, chosen in enumerate(neurons):
+            if chosen is None:
+                mask[row] = True
+                continue
+            index = torch.as_tensor(list(chosen), dtype=torch.long)
+            if index.numel() == 0 or index.min() < 0 or index.max() >= self.num_neurons \
+                    or index.unique().numel() != index.numel():
+                raise ConversionError(f"dendrite set {row}: neuron indices must be distinct, "
+                                      f"in [0, {self.num_neurons}) and not empty, got "
+                                      f"{list(chosen)[:8]}")
+            mask[row, index.to(ref.device)] = True
+        self.dendrite_mask = mask
+
+    def _set_sizes(self) -> list[int]:
+        """Bank rows per dendrite set (neurons fed, times nothing else: groups are 1)."""
+        if self.dendrite_mask is None:
+            return [self.num_neurons] * self.num_dendrites
+        return [int(n) for n in self.dendrite_mask.sum(1).tolist()]
 
     def _new_param(self, data: torch.Tensor, group: str) -> nn.Parameter:
         return nn.Parameter(data, requires_grad=self._trainable[group])
 
-    def resize(self, num_dendrites: int) -> None:
-        """Set the dendrite count to K, with zeroed weights (to be overwritten by a load)."""
+    def resize(self, num_dendrites: int,
+               neurons: list[list[int] | None] | None = None) -> None:
+        """Set the dendrite count to K, with zeroed weights (to be overwritten by a load).
+
+        ``neurons``: per set, the neurons it feeds (None or omitted: every neuron)."""
         ref = self._reference()
         k, n = int(num_dendrites), self.num_neurons
-        self.num_dendrites = k
         self._drop_candidate()
+        self._set_mask(neurons if k else None, k)
+        self.num_dendrites = k
         kw = {"device": ref.device, "dtype": ref.dtype}
         if k == 0:
             self.bank_weight = self.bank_bias = self.cascade = self.out_weight = None
@@ -142,25 +196,44 @@ class DendriticLayer(nn.Module):
                 for name, p in self.source.named_parameters()})
         else:
             src = self.source
+            rows = sum(self._set_sizes())
             self.bank_weight = self._new_param(
-                torch.zeros(k * src.weight.shape[0], *src.weight.shape[1:], **kw), "bank")
+                torch.zeros(rows, *src.weight.shape[1:], **kw), "bank")
             self.bank_bias = (None if src.bias is None else
-                              self._new_param(torch.zeros(k * src.bias.shape[0], **kw), "bank"))
+                              self._new_param(torch.zeros(rows, **kw), "bank"))
         pairs = k * (k - 1) // 2
         self.cascade = self._new_param(torch.zeros(pairs, n, **kw), "cascade") if pairs else None
         self.out_weight = self._new_param(torch.zeros(k, n, **kw), "out")
 
     def grow(self, generator: torch.Generator | None = None, init: str = "default",
-             scale: float = 1.0) -> None:
+             scale: float = 1.0, *, neurons: list[int] | None = None,
+             weights: Mapping[str, torch.Tensor] | None = None) -> None:
         """Add one dendrite with fresh random weights and zero v/w rows (output unchanged).
 
-        A pending candidate is merged into the bank first."""
+        ``neurons``: the neurons the new set feeds (None: all). ``weights``: its initial
+        ``weight``/``bias`` rows (one row per fed neuron), e.g. chosen from the error signal;
+        drawn at random when omitted. A pending candidate is merged into the bank first."""
         if self.has_candidate:
             self.merge_candidate()
         ref = self._reference()
         k, n = self.num_dendrites, self.num_neurons
         kw = {"device": ref.device, "dtype": ref.dtype}
         new = self._draw_dendrite(generator, init, scale)
+        partial = neurons is not None and len(neurons) < n
+        if partial or self.dendrite_mask is not None:
+            old = self.set_neurons() or [None] * k
+            self._set_mask([*old, sorted(neurons) if partial else None], k + 1)
+        if partial:
+            index = torch.as_tensor(sorted(neurons), dtype=torch.long)
+            new = {key: t[index.to(t.device)] for key, t in new.items()}
+        if weights is not None:
+            for key, t in weights.items():
+                if key not in new or new[key].shape != t.shape:
+                    raise ConversionError(
+                        f"grow(weights=...): {key!r} must have shape "
+                        f"{tuple(new[key].shape) if key in new else '(none)'}, got "
+                        f"{tuple(t.shape)}")
+                new[key] = t.detach().to(**kw).clone()
         with torch.no_grad():
             if self.kind == "generic":
                 old = dict(self.bank_params.items())
@@ -195,6 +268,8 @@ class DendriticLayer(nn.Module):
         if bank is None:
             return rows.detach().clone()
         g = self._groups()
+        if g == 1:
+            return torch.cat([bank.detach(), rows.detach()])
         per = rows.shape[0] // g
         old = bank.detach().reshape(g, k, per, *rows.shape[1:])
         new = rows.reshape(g, 1, per, *rows.shape[1:])
@@ -238,6 +313,10 @@ class DendriticLayer(nn.Module):
         if k == 0:
             raise ConversionError("split_candidate() on a layer without dendrites; grow one "
                                   "first")
+        if self.dendrite_mask is not None:
+            raise ConversionError("split_candidate(): the correlation rule trains full "
+                                  "dendrite sets; it cannot be combined with selective growth "
+                                  "(grow_fraction < 1)")
         if bool(self.out_weight[k - 1].detach().ne(0).any()):
             raise ConversionError("split_candidate(): the newest dendrite already feeds the "
                                   "output (nonzero v row); a candidate must be split right "
@@ -320,10 +399,14 @@ class DendriticLayer(nn.Module):
         # the stored form is always merged: a load ends a candidate split (rules redo it)
         self.merge_candidate()
         stored = stored_dendrites(state_dict, prefix)
-        if stored is not None and stored != self.num_dendrites and not self._sharded():
+        mask = state_dict.get(prefix + "dendrite_mask")
+        neurons = None if mask is None else [row.nonzero().flatten().tolist()
+                                             for row in mask.cpu()]
+        if stored is not None and not self._sharded() and (
+                stored != self.num_dendrites or neurons != self.set_neurons()):
             # a grown state fits a model that has not grown (yet): take its dendrite count,
             # so Lightning's weight restore and ddp_spawn's copy-back keep the dendrites
-            self.resize(stored)
+            self.resize(stored, neurons)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def _sharded(self) -> bool:
@@ -366,9 +449,9 @@ class DendriticLayer(nn.Module):
         if k == 1:
             return [self.bank_weight], [bias]
         if g == 1:
-            n = self.num_neurons
-            return (list(self.bank_weight.split(n)),
-                    [None] * k if bias is None else list(bias.split(n)))
+            sizes = self._set_sizes()[:k]
+            return (list(self.bank_weight.split(sizes)),
+                    [None] * k if bias is None else list(bias.split(sizes)))
         per = self.num_neurons // g
         w = [t.flatten(0, 1) for t in self.bank_weight.unflatten(0, (g, k, per)).unbind(1)]
         b = ([None] * k if bias is None else
@@ -423,6 +506,8 @@ class DendriticLayer(nn.Module):
         act = _ACTIVATIONS[self.activation]
         pre = self._bank_outputs(x)
         k = len(pre)
+        if self.dendrite_mask is not None:
+            return self._mix_partial(pre, y, shape), []
         v_rows = self.out_weight[:k] if self.has_candidate else self.out_weight
         if k == 1:  # no cascade: y + v * act(D(x)) in two kernels
             d = act(pre[0])
@@ -439,6 +524,46 @@ class DendriticLayer(nn.Module):
             dendrites.append(d)
             out = torch.addcmul(out, v[i], d)
         return out, dendrites
+
+    def _partial_indices(self, device: torch.device) -> tuple[list, dict]:
+        """Per set the fed neurons' indices, and per cascade pair (i, j) where set i's neurons
+        sit in set j's padded outputs (the pad, index m_j, holds zeros). Cached."""
+        mask = self.dendrite_mask
+        key = (mask.data_ptr(), mask._version, tuple(mask.shape), device)
+        if self._index_cache is None or self._index_cache[0] != key:
+            cpu = mask.cpu()
+            index = [row.nonzero().flatten() for row in cpu]
+            where = {}
+            for i in range(len(index)):
+                for j in range(i):
+                    pos = torch.full((self.num_neurons,), len(index[j]), dtype=torch.long)
+                    pos[index[j]] = torch.arange(len(index[j]))
+                    where[i, j] = pos[index[i]].to(device)
+            self._index_cache = (key, [t.to(device) for t in index], where)
+        return self._index_cache[1], self._index_cache[2]
+
+    def _mix_partial(self, pre: list[torch.Tensor], y: torch.Tensor,
+                     shape: list[int]) -> torch.Tensor:
+        """The mix when sets feed only some neurons: each set's d lives on its own neurons and
+        is added into the output at their indices (index_add), exact for a zero ``v`` row."""
+        act = _ACTIVATIONS[self.activation]
+        axis = self.neuron_axis % y.ndim
+        index, where = self._partial_indices(y.device)
+        v = self.out_weight.view(-1, *shape).unbind(0)
+        w = self.cascade.view(-1, *shape).unbind(0) if self.cascade is not None else []
+        padded: list[torch.Tensor] = []
+        out, row = y, 0
+        for i, a in enumerate(pre):
+            for j in range(i):
+                a = a + w[row].index_select(axis, index[i]) * \
+                    padded[j].index_select(axis, where[i, j])
+                row += 1
+            d = act(a)
+            pad_shape = list(d.shape)
+            pad_shape[axis] = 1
+            padded.append(torch.cat([d, d.new_zeros(pad_shape)], axis))
+            out = out.index_add(axis, index[i], v[i].index_select(axis, index[i]) * d)
+        return out
 
     def _candidate_output(self, x: torch.Tensor, dendrites: list[torch.Tensor],
                           shape: list[int]) -> torch.Tensor:

@@ -130,7 +130,8 @@ class DendriteGrowth(Callback):
         """Perforate the model now (idempotent). Needed before ``fit`` only for ddp_spawn."""
         target = self.target(pl_module)
         if not dendritic_layers(target):
-            perforate(target, **{"activation": self.config.activation, **self.perforate_kwargs})
+            chosen = {"activation": self.config.activation} if self.config.activation else {}
+            perforate(target, **{**chosen, **self.perforate_kwargs})
         return pl_module
 
     # ------------------------------------------------------------------ hooks

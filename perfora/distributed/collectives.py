@@ -72,3 +72,14 @@ def agree_on_scores(values: Sequence[float | None], weight: float = 1.0) -> list
         else:
             out.append(packed[i].item() / total_weight)
     return out
+
+
+def all_reduce_values(t: torch.Tensor, op: str = "sum") -> torch.Tensor:
+    """A copy of ``t`` reduced over ranks ('sum', 'min', 'max'), on ``t``'s device; ``t``
+    itself when not distributed. Works under gloo and NCCL (moves through the GPU there)."""
+    if not is_distributed():
+        return t
+    ops = {"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}
+    out = t.detach().to(_reduce_device(), copy=True)
+    dist.all_reduce(out, op=ops[op])
+    return out.to(t.device)

@@ -28,6 +28,9 @@ def structure_fingerprint(model: nn.Module) -> dict[str, Any]:
                       for path, layer in sorted(dendritic_layers(inner).items())},
         "params": [[name, list(p.shape), bool(p.requires_grad)]
                    for name, p in inner.named_parameters()],
+        "fed_neurons": {path: layer.set_neurons()
+                        for path, layer in sorted(dendritic_layers(inner).items())
+                        if layer.dendrite_mask is not None},
     }
 
 
@@ -36,7 +39,7 @@ def _summary(fp: dict[str, Any]) -> dict[str, Any]:
     return {"dendrites": fp["dendrites"], "tensors": len(fp["params"]),
             "trainable_tensors": len(trainable),
             "trainable_values": sum(_numel(p[1]) for p in trainable),
-            "params": fp["params"]}
+            "params": fp["params"], "fed_neurons": fp.get("fed_neurons", {})}
 
 
 def _numel(shape: list[int]) -> int:
@@ -78,6 +81,11 @@ def _first_difference(a: dict[str, Any], b: dict[str, Any], rank_b: int) -> str:
                     f"shape {tuple(p[1])}, requires_grad={p[2]}"
             return (f"parameter {name!r}: {show(pa.get(name))} on rank 0, "
                     f"{show(pb.get(name))} on rank {rank_b}")
+    fa, fb = a.get("fed_neurons", {}), b.get("fed_neurons", {})
+    for path in sorted(set(fa) | set(fb)):
+        if fa.get(path) != fb.get(path):
+            return (f"layer {path!r} feeds other neurons from its dendrite sets on rank 0 "
+                    f"than on rank {rank_b} (the growth statistics were not all-reduced)")
     return "the structures differ"
 
 
