@@ -37,9 +37,13 @@ class GrowthPlan:
     neuron_scores: list[float]
 
 
-def _error_moments(e: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Global per-neuron mean and std of the error (all-reduced)."""
-    sums = all_reduce_values(torch.stack([torch.full_like(e[0], e.shape[0]), e.sum(0),
+def _local(t: torch.Tensor, op: str = "sum") -> torch.Tensor:
+    return t
+
+
+def _error_moments(e: torch.Tensor, reduce) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-neuron mean and std of the error (``reduce``: over ranks, or local)."""
+    sums = reduce(torch.stack([torch.full_like(e[0], e.shape[0]), e.sum(0),
                                         e.square().sum(0)]).double())
     count, s, ss = sums.unbind(0)
     mean = s / count.clamp_min(1)
@@ -78,8 +82,8 @@ def _covariances(x: torch.Tensor, e_hat: torch.Tensor, w: torch.Tensor,
 
 
 def _moments(x: torch.Tensor, e: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None,
-             activation: str) -> torch.Tensor:
-    """All-reduced [count, Sd, Se, Sdd, See, Sde] per (neuron, candidate)."""
+             activation: str, reduce) -> torch.Tensor:
+    """[count, Sd, Se, Sdd, See, Sde] per (neuron, candidate), reduced by ``reduce``."""
     n, pool, features = w.shape
     a = (x @ w.reshape(n * pool, features).T).view(-1, n, pool)
     if b is not None:
@@ -87,7 +91,7 @@ def _moments(x: torch.Tensor, e: torch.Tensor, w: torch.Tensor, b: torch.Tensor 
     d = _ACTIVATIONS[activation](a).double()
     ee = e.double().unsqueeze(-1)
     count = torch.full_like(d[0], d.shape[0])
-    return all_reduce_values(torch.stack([count, d.sum(0), ee.sum(0).expand_as(count),
+    return reduce(torch.stack([count, d.sum(0), ee.sum(0).expand_as(count),
                                         d.square().sum(0),
                                         ee.square().sum(0).expand_as(count),
                                         (d * ee).sum(0)]))
@@ -105,15 +109,17 @@ def _correlation(m: torch.Tensor) -> torch.Tensor:
 def plan_growth(layer: DendriticLayer, x: torch.Tensor, e: torch.Tensor, *,
                 generator: torch.Generator, fraction: float = 1.0, train_pool: bool = True,
                 pool: int = 8, steps: int = 100, lr: float = 0.05,
-                scale: float = 1.0) -> GrowthPlan:
+                scale: float = 1.0, all_ranks: bool = True) -> GrowthPlan:
     """The next dendrite set of ``layer`` from its (input, error) rows ``x``, ``e``.
 
     ``train_pool``: choose the weights by candidate training (else the caller draws them at
     random and only the neuron choice comes from the error). ``fraction``: share of neurons
-    to feed, those with the highest score. Every rank must call this with the same settings.
+    to feed, those with the highest score. Every rank must call this with the same settings;
+    ``all_ranks=False`` decides from this rank's rows alone (diagnostics only).
     """
+    reduce = all_reduce_values if all_ranks and is_distributed() else _local
     n = layer.num_neurons
-    mean, std = _error_moments(e)
+    mean, std = _error_moments(e, reduce)
     neuron_scores = std.clone()
     weights = None
     if train_pool:
@@ -128,12 +134,12 @@ def plan_growth(layer: DendriticLayer, x: torch.Tensor, e: torch.Tensor, *,
             opt.zero_grad(set_to_none=True)
             loss = -_covariances(x, e_hat, w, b, layer.activation).abs().sum()
             loss.backward()
-            if is_distributed():
+            if reduce is all_reduce_values:
                 for p in params:
                     p.grad = all_reduce_values(p.grad) / world_size()
             opt.step()
         with torch.no_grad():
-            corr = _correlation(_moments(x, e, w, b, layer.activation))  # (n, pool)
+            corr = _correlation(_moments(x, e, w, b, layer.activation, reduce))  # (n, pool)
             best = corr.argmax(1)
             rows = torch.arange(n)
             chosen_w = w.detach()[rows, best].reshape(n, *layer.source.weight.shape[1:])

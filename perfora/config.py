@@ -44,6 +44,10 @@ class PerforaConfig:
     max_dendrite_tries: int = 2
     """Attempts (fresh random weights) for a dendrite set that fails to beat the best score;
     2 means one retry."""
+    target_score: float | None = None
+    """Stop growing once the (smoothed) score reaches this value, e.g. 1.0 for a training
+    accuracy: "grow until the training set is learned" (report the training score to
+    ``step()`` for that). None: no target."""
     retain_all_dendrites: bool = False
     """Keep a dendrite set even when its cycle did not beat the global best."""
     capacity_test: bool = False
@@ -127,6 +131,13 @@ class PerforaConfig:
         _check_int(self, "max_dendrites", minimum=0)
         _check_int(self, "max_dendrite_tries", minimum=1)
         _check_bool(self, "retain_all_dendrites")
+        target = self.target_score
+        if target is not None:
+            if isinstance(target, bool) or not isinstance(target, int | float) \
+                    or not math.isfinite(target):
+                raise ConfigError(f"target_score must be a finite number or None, got "
+                                  f"{target!r}")
+            self.target_score = float(target)
         _check_bool(self, "capacity_test")
         if self.activation is not None:
             _check_choice(self, "activation", ACTIVATIONS)

@@ -204,6 +204,7 @@ class GrowthController:
             self._report.write_run_json({"perfora_version": __version__,
                                          "torch_version": torch.__version__,
                                          "config": config.to_dict()})
+        self._update_probe()
 
     # ------------------------------------------------------------------ helpers
     def _writes(self) -> bool:
@@ -524,8 +525,16 @@ class GrowthController:
         probe.clear()
         return plans
 
+    def _reached_target(self) -> bool:
+        target, best = self.config.target_score, self.state.global_best
+        if target is None or best is None:
+            return False
+        return best >= target if self.config.maximize else best <= target
+
     def _decide(self) -> tuple[str, str]:
         st, cfg = self.state, self.config
+        if self._reached_target():
+            return self._complete(f"reached target_score={cfg.target_score}")
         if not self._switch_due():
             return CONTINUE, "training"
         if cfg.capacity_test:

@@ -246,6 +246,44 @@ def mismatch(rank: int, tmp: Path) -> dict:
     return out
 
 
+def selective_growth_on_rank_data(rank: int, tmp: Path) -> dict:
+    """Each rank sees its own data (labels from another feature per rank): the neurons and
+    weights grown must still be the same everywhere, chosen from all-reduced statistics."""
+    from perfora.candidates import plan_growth
+
+    model = make_model(seed=7)
+    ddp = DDP(model)
+    ctl = perfora.GrowthController(ddp, switch_mode="every_epoch", max_dendrites=2,
+                                   retain_all_dendrites=True, grow_fraction=0.5,
+                                   dendrite_init="error", candidate_steps=20)
+    ctl.set_optimizer(torch.optim.Adam, lr=0.01)
+    opt, _ = ctl.build_optimizer()
+    gen = torch.Generator().manual_seed(rank)
+    local_choices = []
+    for _ in range(2):
+        ddp.train()
+        for _ in range(4):
+            x = torch.randn(32, 6, generator=gen)
+            y = (x[:, 3 * rank] > 0).long() + (x[:, 1 + rank] > 1).long()
+            opt.zero_grad()
+            nn.functional.cross_entropy(ddp(x), y).backward()
+            opt.step()
+        layers = perfora.dendritic_layers(ddp)
+        local_choices.append({  # what this rank would pick from its own rows alone
+            path: plan_growth(layer, *ctl._probe.samples(path), fraction=0.5, steps=20,
+                              generator=torch.Generator().manual_seed(0),
+                              all_ranks=False).neurons
+            for path, layer in sorted(layers.items())})
+        decision = ctl.step(1.0, model=ddp)
+        ddp, opt = decision.model, decision.optimizer
+    for epoch in range(2):
+        train_epoch(ddp, opt, rank, epoch)
+    return {"fed": {p: layer.set_neurons()
+                    for p, layer in sorted(perfora.dendritic_layers(ddp).items())},
+            "local": local_choices, "diff": max_rank_diff(ddp),
+            "dendrites": ctl.num_dendrites}
+
+
 # ----------------------------------------------------------------------------- tests
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("use_helper", [False, True], ids=["user_ddp", "wrap_ddp"])
@@ -360,3 +398,14 @@ def test_correlation_phase_changes_rewrap_and_ranks_stay_identical(tmp_path):
     assert "dendrite" in r0["phases"]
     assert all(r0["new_wrapper"]) and all(r1["new_wrapper"])
     assert set(r0["diffs"]) == {0.0}
+
+
+@pytest.mark.timeout(150)
+def test_selective_error_growth_agrees_across_ranks_with_different_data(tmp_path):
+    r0, r1 = run_ranks(selective_growth_on_rank_data, tmp_path)
+    assert r0["dendrites"] == r1["dendrites"] == 2
+    assert r0["fed"] == r1["fed"]
+    assert [len(fed) for fed in r0["fed"]["0"]] == [4, 4]  # half of 8 neurons per set
+    assert [len(fed) for fed in r0["fed"]["2"]] == [2, 2]  # half of 3, rounded up
+    assert r0["local"] != r1["local"], "the ranks' own data should point at other neurons"
+    assert r0["diff"] == 0.0 and r1["diff"] == 0.0

@@ -38,7 +38,7 @@ def _probe() -> torch.Tensor:
     return torch.randn(8, 6, generator=torch.Generator().manual_seed(99))
 
 
-def grow_under_fsdp2(rank: int, tmp: Path) -> dict:
+def grow_under_fsdp2(rank: int, tmp: Path, settings: dict) -> dict:
     """Ranks start from different weights and grow with different seeds (seed = rank)."""
     reference = make_model(seed=100)  # rank 0's initial model
     mesh = init_device_mesh("cpu", (WORLD,))
@@ -47,7 +47,8 @@ def grow_under_fsdp2(rank: int, tmp: Path) -> dict:
     start_diff = max((start[k] - v).abs().max().item()
                      for k, v in reference.state_dict().items())
     ctl = perfora.GrowthController(model, switch_mode="every_epoch", max_dendrites=3,
-                                   retain_all_dendrites=True, seed=rank, write_files=False)
+                                   retain_all_dendrites=True, seed=rank, write_files=False,
+                                   **settings)
     ctl.set_optimizer(torch.optim.SGD, lr=0.1)
     opt, _ = ctl.build_optimizer()
     out_change, all_dtensor, kwargs_kept, new_models = [], [], [], []
@@ -71,12 +72,21 @@ def grow_under_fsdp2(rank: int, tmp: Path) -> dict:
     return {"start_diff": start_diff, "out_change": out_change, "all_dtensor": all_dtensor,
             "kwargs_kept": kwargs_kept, "new_models": new_models,
             "dendrites": ctl.num_dendrites, "rank_diff": full_rank_diff(model),
-            "trained_change": (trained - grown).abs().max().item()}
+            "trained_change": (trained - grown).abs().max().item(),
+            "fed": {p: layer.set_neurons()
+                    for p, layer in sorted(perfora.dendritic_layers(model).items())}}
+
+
+SELECTIVE = {"grow_fraction": 0.5, "dendrite_init": "error", "candidate_steps": 10}
 
 
 @pytest.mark.timeout(150)
-def test_fsdp2_restructure_reshards_and_ranks_stay_identical(tmp_path):
-    results = run_ranks(grow_under_fsdp2, tmp_path)
+@pytest.mark.parametrize("settings", [{}, SELECTIVE], ids=["full_sets", "selective_error"])
+def test_fsdp2_restructure_reshards_and_ranks_stay_identical(tmp_path, settings):
+    results = run_ranks(grow_under_fsdp2, tmp_path, settings)
+    assert results[0]["fed"] == results[1]["fed"]
+    if settings:
+        assert [len(fed) for fed in results[0]["fed"]["0"]] == [4, 4]
     for r in results:
         assert r["start_diff"] == 0.0, "shard_fsdp2 must broadcast rank 0's initial values"
         assert r["dendrites"] == 2 and r["new_models"] == [True, True]
