@@ -23,7 +23,7 @@ def _demo(args: argparse.Namespace) -> int:
         print(format_table(result))
         if args.out:
             print(f"\nrun files (metrics.csv, best_arch_scores.csv, history.png, checkpoints) "
-                  f"in {args.out}/baseline and {args.out}/dendrites")
+                  f"in {args.out}/baseline, {args.out}/dendrites and {args.out}/wider")
     return 0
 
 
@@ -75,7 +75,8 @@ def _at_least(minimum: int):
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="perfora", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="train a narrow MLP on digits: baseline vs dendrites")
+    demo = sub.add_parser("demo", help="train a narrow MLP on digits: baseline, dendrites, "
+                                             "and a plain network of the grown size")
     demo.add_argument("--seed", type=_at_least(0), default=0, help="seed of weights, batches")
     demo.add_argument("--out", default="perfora_runs/demo",
                       help="run folder (default perfora_runs/demo); '' writes no files")

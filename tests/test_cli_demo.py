@@ -21,13 +21,13 @@ def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.timeout(300)
-def test_demo_json_reports_both_arms_and_writes_run_files(tmp_path: Path) -> None:
+def test_demo_json_reports_three_arms_and_writes_run_files(tmp_path: Path) -> None:
     out = tmp_path / "runs"
     proc = _run(["demo", "--json", "--seed", "1", "--out", str(out)], tmp_path)
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
     arms = {a["name"]: a for a in result["arms"]}
-    assert set(arms) == {"baseline", "dendrites"}
+    assert set(arms) == {"baseline", "dendrites", "wider"}
     for arm in arms.values():
         assert isinstance(arm["params"], int) and arm["params"] > 0
         assert isinstance(arm["epochs"], int) and arm["epochs"] > 0
@@ -48,6 +48,10 @@ def test_demo_json_reports_both_arms_and_writes_run_files(tmp_path: Path) -> Non
         assert list((out / "dendrites").glob("switch_*.safetensors"))
     else:
         assert dend["params"] == base["params"]
+    # the third arm is the plain network whose size is closest to the grown one
+    wide = arms["wider"]
+    assert wide["dendrites"] == 0 and result["wider_hidden"] >= result["hidden"]
+    assert abs(wide["params"] - dend["params"]) <= (64 + 1 + 10) // 2
 
 
 def test_demo_rejects_unknown_option(tmp_path: Path) -> None:
