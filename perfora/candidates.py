@@ -117,7 +117,16 @@ def plan_growth(layer: DendriticLayer, x: torch.Tensor, e: torch.Tensor, *,
     to feed, those with the highest score. Every rank must call this with the same settings;
     ``all_ranks=False`` decides from this rank's rows alone (diagnostics only).
     """
-    reduce = all_reduce_values if all_ranks and is_distributed() else _local
+    # frameworks decide in validation hooks, under no_grad or inference mode: train anyway
+    with torch.inference_mode(False), torch.enable_grad():
+        return _plan(layer, x.clone(), e.clone(), generator=generator, fraction=fraction,
+                     train_pool=train_pool, pool=pool, steps=steps, lr=lr, scale=scale,
+                     reduce=all_reduce_values if all_ranks and is_distributed() else _local)
+
+
+def _plan(layer: DendriticLayer, x: torch.Tensor, e: torch.Tensor, *,
+          generator: torch.Generator, fraction: float, train_pool: bool, pool: int, steps: int,
+          lr: float, scale: float, reduce) -> GrowthPlan:
     n = layer.num_neurons
     mean, std = _error_moments(e, reduce)
     neuron_scores = std.clone()

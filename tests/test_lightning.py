@@ -85,6 +85,18 @@ def test_ddp_grows_keeps_ranks_identical_and_completion_stops_the_fit(runs):
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
+def test_selective_error_growth_under_ddp_feeds_the_same_neurons_on_both_ranks(tmp_path):
+    run_fit(tmp_path, "--strategy", "ddp", "--max-epochs", "7", "--grow-fraction", "0.25",
+            "--dendrite-init", "error")
+    r0, r1 = record(tmp_path, "rank0"), record(tmp_path, "rank1")
+    assert r0["num_dendrites"] == 2 and r0["fed"] == r1["fed"]
+    assert [len(fed) for fed in r0["fed"]["net.0"]] == [4, 4]  # a quarter of 16 neurons
+    assert r0["params"]["net.0.bank_weight"].shape == (8, 64)
+    assert max_diff(r0["params"], r1["params"]) == 0.0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
 def test_negative_control_without_a_new_ddp_wrapper_the_ranks_diverge(tmp_path):
     run_fit(tmp_path, "--strategy", "ddp", "--max-epochs", "5", "--no-rewrap")
     r0, r1 = record(tmp_path, "rank0"), record(tmp_path, "rank1")

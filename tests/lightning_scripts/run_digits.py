@@ -110,6 +110,8 @@ def main() -> None:
     ap.add_argument("--no-rewrap", action="store_true", help="negative control")
     ap.add_argument("--dcp", action="store_true", help="ModelParallel: distributed checkpoints")
     ap.add_argument("--retain", action="store_true")
+    ap.add_argument("--grow-fraction", type=float, default=None)
+    ap.add_argument("--dendrite-init", default=None)
     args = ap.parse_args()
     torch.set_num_threads(1)
     out = Path(args.out)
@@ -130,7 +132,9 @@ def main() -> None:
                                          save_distributed_checkpoint=args.dcp)
     model = DigitsNet(shard=shard)
     growth_cls = GrowthWithoutRewrap if args.no_rewrap else DendriteGrowth
-    growth = growth_cls(monitor="val_acc", mode="max", patience=args.patience,
+    chosen = {k: v for k, v in (("grow_fraction", args.grow_fraction),
+                                ("dendrite_init", args.dendrite_init)) if v is not None}
+    growth = growth_cls(**chosen,monitor="val_acc", mode="max", patience=args.patience,
                             max_dendrites=args.max_dendrites, module="net", rule=args.rule,
                             switch_mode=args.switch_mode, fixed_switch_num=args.fixed_switch_num,
                             retain_all_dendrites=args.retain,
@@ -165,6 +169,8 @@ def main() -> None:
         "events": decisions,
         "global_step": trainer.global_step,
         "sharded": any(type(p).__name__ == "DTensor" for p in model.parameters()),
+        "fed": {n: m.set_neurons() for n, m in
+                __import__("perfora").dendritic_layers(model).items()},
     }
     rank = int(os.environ.get("LOCAL_RANK", trainer.global_rank))
     if args.strategy == "ddp_spawn":
