@@ -81,13 +81,30 @@ ARMS: dict[str, dict[str, Any]] = {
     "learn_train_set": {"score": "train_accuracy", "maximize": True, "max_dendrites": 20,
                         "retain_all_dendrites": True, "target_score": 1.0,
                         "dendrite_init": "error", "tasks": ["spirals"]},
+    "learn_train_loss": {"score": "train_loss", "max_dendrites": 20,
+                         "retain_all_dendrites": True, "target_score": 0.01,
+                         "dendrite_init": "error", "tasks": ["spirals"]},
+    "learn_train_loss_pool16": {"score": "train_loss", "max_dendrites": 20,
+                                "retain_all_dendrites": True, "target_score": 0.003,
+                                "dendrite_init": "error", "candidate_pool": 16,
+                                "tasks": ["spirals"]},
+    "learn_train_set_tanh": {"score": "train_accuracy", "maximize": True, "max_dendrites": 20,
+                             "retain_all_dendrites": True, "target_score": 1.0,
+                             "dendrite_init": "error", "activation": "tanh",
+                             "tasks": ["spirals"]},
+    "output_error": {"dendrite_init": "error", "output_only": True},
+    "output_error_retain": {"dendrite_init": "error", "output_only": True,
+                            "retain_all_dendrites": True},
+    "error_valacc": {"dendrite_init": "error", "score": "val_accuracy"},
+    "error_retain_valacc": {"dendrite_init": "error", "retain_all_dendrites": True,
+                            "score": "val_accuracy"},
     "default": {},  # PerforaConfig's defaults: what perforate() + GrowthController give
 }
 """Dendrite arms: name -> PerforaConfig overrides, applied on top of the harness settings.
 Two keys are the harness's own: ``score`` ("val_loss", the default, or "train_accuracy": the
 score the controller sees) and ``tasks`` (run the arm on these tasks only)."""
 
-HARNESS_KEYS = ("score", "tasks")
+HARNESS_KEYS = ("score", "tasks", "output_only")
 
 WIDTH_MULTIPLIERS: tuple[float, ...] = (1, 1.5, 2, 3, 4, 6)
 """Curve widths as multiples of the start width; 6x covers what 4 dendrite sets reach."""
@@ -295,8 +312,14 @@ def run_controller(task: Task, width: int, seed: int, setup: Setup,
     x, y = task.splits["train"]
     score_name = overrides.pop("score", "val_loss")
     overrides.pop("tasks", None)
+    output_only = overrides.pop("output_only", False)
+    if score_name not in ("val_loss", "train_loss"):
+        overrides.setdefault("maximize", True)
     config = make_config(setup, task.scale, seed, overrides)
-    model = perforate(task.build(width))  # the controller applies config.activation
+    net = task.build(width)
+    last = [name for name, m in net.named_modules() if isinstance(m, nn.Linear)][-1]
+    # the controller applies config.activation
+    model = perforate(net, paths=[last]) if output_only else perforate(net)
     ctl = GrowthController(model, config, write_files=False)
     ctl.set_optimizer(torch.optim.Adam, lr=setup.lr)
     opt, _ = ctl.build_optimizer()
@@ -304,9 +327,13 @@ def run_controller(task: Task, width: int, seed: int, setup: Setup,
     start = time.perf_counter()
     for _ in range(setup.max_epochs * task.scale):
         train_epoch(model, opt, x, y, gen, task.batch)
-        val_loss, _ = evaluate(model, *task.splits["val"])
+        val_loss, val_acc = evaluate(model, *task.splits["val"])
         _, test_acc = evaluate(model, *task.splits["test"])
-        score = val_loss if score_name == "val_loss" else evaluate(model, x, y)[1]
+        if score_name in ("train_accuracy", "train_loss"):
+            train_loss, train_acc = evaluate(model, x, y)
+            score = train_acc if score_name == "train_accuracy" else train_loss
+        else:
+            score = val_acc if score_name == "val_accuracy" else val_loss
         decision = ctl.step(score, test_score=test_acc)
         if decision.complete:
             break

@@ -7,7 +7,8 @@ is armed (the controller arms it only in the epoch before a growth step may come
 epochs pay nothing). Linear layers give one row per sample (and per position for 3-D inputs);
 ungrouped Conv1d/Conv2d layers give one row per output position, the input row being the
 receptive-field patch (``unfold``), so a row times a dendrite's flattened weight is that
-dendrite's pre-activation there. The newest ``max_rows`` rows per layer are kept.
+dendrite's pre-activation there. The newest ``max_rows`` rows per layer are kept (fewer for
+very wide rows: at most 16 MB per layer), on the CPU.
 """
 
 from __future__ import annotations
@@ -45,6 +46,10 @@ def error_rows(layer: DendriticLayer, grad: torch.Tensor) -> torch.Tensor:
     """The output gradient as rows of one value per neuron, in the order of input_rows."""
     axis = layer.neuron_axis % grad.dim()
     return grad.detach().movedim(axis, -1).reshape(-1, layer.num_neurons)
+
+
+MAX_VALUES_PER_LAYER = 4_000_000
+"""Values (16 MB of float32) one layer's rows may hold: wide conv patches keep fewer rows."""
 
 
 class ErrorSignalProbe:
@@ -85,23 +90,28 @@ class ErrorSignalProbe:
             rows = input_rows(layer, args[0])
             if rows is None:
                 return
-            keep = max(1, self.max_rows // 8)
+            limit = self._limit(rows.shape[1] + layer.num_neurons)
+            keep = max(1, limit // 8)
             step = max(1, rows.shape[0] // keep)  # at most 1/8 of the buffer per batch
 
             def on_grad(grad: torch.Tensor) -> None:
                 errors = error_rows(layer, grad)
                 if errors.shape[0] == rows.shape[0]:
-                    self._append(path, rows[::step].float(), errors[::step].float())
+                    self._append(path, rows[::step].float(), errors[::step].float(), limit)
 
             output.register_hook(on_grad)
         return record
 
-    def _append(self, path: str, x: torch.Tensor, e: torch.Tensor) -> None:
+    def _limit(self, width: int) -> int:
+        """Rows kept for a layer whose (input, error) row holds ``width`` values."""
+        return max(16, min(self.max_rows, MAX_VALUES_PER_LAYER // max(1, width)))
+
+    def _append(self, path: str, x: torch.Tensor, e: torch.Tensor, limit: int) -> None:
         xs, es = self._rows.setdefault(path, ([], []))
         xs.append(x.cpu())
         es.append(e.cpu())
         total = sum(t.shape[0] for t in xs)
-        while len(xs) > 1 and total - xs[0].shape[0] >= self.max_rows:
+        while len(xs) > 1 and total - xs[0].shape[0] >= limit:
             total -= xs.pop(0).shape[0]
             es.pop(0)
 
@@ -110,7 +120,8 @@ class ErrorSignalProbe:
         if path not in self._rows or not self._rows[path][0]:
             return None
         xs, es = self._rows[path]
-        return torch.cat(xs)[-self.max_rows:], torch.cat(es)[-self.max_rows:]
+        limit = self._limit(xs[0].shape[1] + es[0].shape[1])
+        return torch.cat(xs)[-limit:], torch.cat(es)[-limit:]
 
     def row_count(self, path: str) -> int:
         """Rows kept for one layer."""

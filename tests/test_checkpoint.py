@@ -188,7 +188,8 @@ def test_resume_then_failed_dendrite_set_rewinds_to_restored_best(tmp_path):
     # With dendrites the relative threshold cannot be met, so every dendrite set fails:
     # at epoch 6 the controller rewinds to the best snapshot (taken before the interruption
     # at epoch 4) and retries; at epoch 9 it gives up and restores the best model.
-    settings = {"improvement_threshold": (1e-4, 10.0), "max_dendrite_tries": 2}
+    settings = {"improvement_threshold": (1e-4, 10.0), "max_dendrite_tries": 2,
+                "retain_all_dendrites": False}
     ctl_a, model_a, ctl_b, model_b, loaded = resume_run(tmp_path, total=12, stop=4,
                                                         load_from="latest", **settings)
     assert 3 <= loaded <= 4  # after the first restructure, before the failed set's end

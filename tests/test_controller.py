@@ -35,6 +35,10 @@ def make_model(seed: int = 0) -> nn.Module:
 
 
 def controller(seed: int = 0, **settings) -> GrowthController:
+    """These tests walk through the decision logic set by set, with failed sets discarded
+    and retried unless a test asks to retain them (the default retains: see
+    test_defaults_retain_sets_and_grow_from_the_error_signal)."""
+    settings.setdefault("retain_all_dendrites", False)
     return GrowthController(make_model(seed), **settings)
 
 

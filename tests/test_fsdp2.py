@@ -156,7 +156,7 @@ def rewind_under_fsdp2(rank: int, tmp: Path) -> dict:
     model = shard_fsdp2(make_model(seed=9), mesh=mesh)
     ctl = perfora.GrowthController(model, maximize=True, switch_mode="fixed",
                                    fixed_switch_num=1, max_dendrite_tries=1, max_dendrites=2,
-                                   run_dir=tmp / "run")
+                                   retain_all_dendrites=False, run_dir=tmp / "run")
     ctl.set_optimizer(torch.optim.SGD, lr=0.1)
     opt, _ = ctl.build_optimizer()
     actions, best = [], torch.zeros(0)

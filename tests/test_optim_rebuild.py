@@ -123,7 +123,7 @@ def test_steplr_steps_once_per_continue_epoch():
 
 
 def test_retry_of_a_failed_set_gets_a_new_optimizer_over_the_new_dendrites():
-    ctl = controller(max_dendrite_tries=2)
+    ctl = controller(max_dendrite_tries=2, retain_all_dendrites=False)
     ctl.set_optimizer(torch.optim.Adam, lr=1e-3)
     ctl.build_optimizer()
     ds = [ctl.step(s) for s in [1.0, 2.0, 2.0, 2.0]]

@@ -215,7 +215,7 @@ def run(steps: int, run_dir=None, resume: bool = False, **settings):
     torch.manual_seed(0)
     model = perfora.perforate(nn.Sequential(nn.Linear(5, 8), nn.Tanh(), nn.Linear(8, 2)))
     ctl = GrowthController(model, n_epochs_to_switch=2, max_dendrites=3, seed=1,
-                           retain_all_dendrites=True, run_dir=run_dir, **settings)
+                           run_dir=run_dir, **settings)  # default: failed sets are kept
     ctl.set_optimizer(torch.optim.Adam, lr=0.01)
     opt, _ = ctl.build_optimizer()
     gen = torch.Generator().manual_seed(0)
@@ -248,7 +248,7 @@ def test_selective_error_growth_feeds_the_top_neurons_only():
 
 def test_error_init_grows_trained_candidates_not_random_ones():
     model, _ = run(3, dendrite_init="error")
-    random, _ = run(3)
+    random, _ = run(3, dendrite_init="default")
     first = dendritic_layers(model)["0"]
     assert first.set_neurons() is None
     assert not torch.equal(first.bank_weight, dendritic_layers(random)["0"].bank_weight)
@@ -274,6 +274,15 @@ def test_resume_carries_partial_sets_and_ends_equal(tmp_path):
 def test_bad_growth_settings_raise_config_error(settings, match):
     with pytest.raises(ConfigError, match=match):
         PerforaConfig(**settings)
+
+
+def test_defaults_retain_sets_and_grow_from_the_error_signal():
+    cfg = PerforaConfig()
+    assert (cfg.dendrite_init, cfg.retain_all_dendrites, cfg.grow_fraction) == \
+        ("error", True, 1.0)
+    # a failed set (no improvement) is kept and the next one grows on top of it
+    _, ctl = run(6)
+    assert ctl.num_dendrites == 2 and ctl.state.switch_epochs == [3, 6]
 
 
 def test_activation_setting_reaches_the_layers():

@@ -268,6 +268,10 @@ class PAISettings:
             "activation": activation_name(v["pai_forward_function"]),
             "checkpoint_time_budget": None,  # latest.pt every epoch, as PerforatedAI
             "rule": "correlation" if v["perforated_backpropagation"] else "gd",
+            # PerforatedAI's growth, whatever perfora's defaults are: every neuron gets a
+            # dendrite with random weights
+            "dendrite_init": "default",
+            "grow_fraction": 1.0,
         }
         if mode == DOING_NO_SWITCH:
             settings["n_epochs_to_switch"] = NEVER_COMPLETES
