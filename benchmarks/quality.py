@@ -64,41 +64,33 @@ from perfora import ConfigError, GrowthController, PerforaConfig, perforate
 Split = tuple[torch.Tensor, torch.Tensor]
 
 ARMS: dict[str, dict[str, Any]] = {
-    # perfora 0.1's default and rule (PerforatedAI's: every neuron, random init)
-    "gd": {"rule": "gd", "dendrite_init": "default", "grow_fraction": 1.0},
-    "correlation": {"rule": "correlation", "dendrite_init": "default", "grow_fraction": 1.0},
+    # perfora 0.1's default and rule (PerforatedAI's growth: every neuron, random init, a
+    # failed set discarded and retried)
+    "gd": {"rule": "gd", "dendrite_init": "default", "grow_fraction": 1.0,
+           "retain_all_dendrites": False},
+    "correlation": {"rule": "correlation", "dendrite_init": "default", "grow_fraction": 1.0,
+                    "retain_all_dendrites": False},
     # the variants tried for "growth that spends parameters where they pay"
-    "error_init": {"dendrite_init": "error", "grow_fraction": 1.0},
-    "selective": {"dendrite_init": "error", "grow_fraction": 0.5},
-    "selective_random": {"dendrite_init": "default", "grow_fraction": 0.5},
-    "error_retain": {"dendrite_init": "error", "grow_fraction": 1.0,
-                     "retain_all_dendrites": True},
+    "error_init": {"dendrite_init": "error", "grow_fraction": 1.0,
+                   "retain_all_dendrites": False},
+    "selective": {"dendrite_init": "error", "grow_fraction": 0.5,
+                  "retain_all_dendrites": False},
+    "selective_random": {"dendrite_init": "default", "grow_fraction": 0.5,
+                         "retain_all_dendrites": False},
     "selective_retain": {"dendrite_init": "error", "grow_fraction": 0.5,
                          "retain_all_dendrites": True},
     "relu_error_retain": {"dendrite_init": "error", "grow_fraction": 1.0,
                           "retain_all_dendrites": True, "activation": "relu"},
-    # the documented "grow until the training set is learned" setting (two spirals)
-    "learn_train_set": {"score": "train_accuracy", "maximize": True, "max_dendrites": 20,
-                        "retain_all_dendrites": True, "target_score": 1.0,
-                        "dendrite_init": "error", "tasks": ["spirals"]},
-    "learn_train_loss": {"score": "train_loss", "max_dendrites": 20,
-                         "retain_all_dendrites": True, "target_score": 0.01,
-                         "dendrite_init": "error", "tasks": ["spirals"]},
-    "learn_train_loss_pool16": {"score": "train_loss", "max_dendrites": 20,
-                                "retain_all_dendrites": True, "target_score": 0.003,
-                                "dendrite_init": "error", "candidate_pool": 16,
-                                "tasks": ["spirals"]},
-    "learn_train_set_tanh": {"score": "train_accuracy", "maximize": True, "max_dendrites": 20,
-                             "retain_all_dendrites": True, "target_score": 1.0,
-                             "dendrite_init": "error", "activation": "tanh",
-                             "tasks": ["spirals"]},
-    "output_error": {"dendrite_init": "error", "output_only": True},
-    "output_error_retain": {"dendrite_init": "error", "output_only": True,
-                            "retain_all_dendrites": True},
-    "error_valacc": {"dendrite_init": "error", "score": "val_accuracy"},
-    "error_retain_valacc": {"dendrite_init": "error", "retain_all_dendrites": True,
-                            "score": "val_accuracy"},
-    "default": {},  # PerforaConfig's defaults: what perforate() + GrowthController give
+    "output_layer_only": {"dendrite_init": "error", "output_only": True},
+    # "grow until the training set is learned" (two spirals): the controller sees the
+    # training accuracy (or loss) and stops growing at the target
+    "learn_train_acc": {"score": "train_accuracy", "maximize": True, "max_dendrites": 20,
+                        "target_score": 1.0, "tasks": ["spirals"]},
+    "learn_train_loss": {"score": "train_loss", "max_dendrites": 20, "target_score": 0.01,
+                         "tasks": ["spirals"]},
+    # PerforaConfig's defaults, what perforate() + GrowthController give: dendrite_init
+    # "error", grow_fraction 1.0, retain_all_dendrites True
+    "default": {},
 }
 """Dendrite arms: name -> PerforaConfig overrides, applied on top of the harness settings.
 Two keys are the harness's own: ``score`` ("val_loss", the default, or "train_accuracy": the
@@ -423,6 +415,7 @@ def _stats(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return {"runs": len(runs), "median": med, "q25": q25, "q75": q75, "params": pmed,
             "params_q25": p25, "params_q75": p75,
             "dendrites": float(np.median([r["dendrites"] for r in runs])),
+            "kept": sum(r["dendrites"] > 0 for r in runs),
             "epochs": float(np.median([r["epochs"] for r in runs])),
             "capped": sum(bool(r.get("capped")) for r in runs),
             "seconds": float(np.median([r["seconds"] for r in runs]))}
@@ -496,22 +489,32 @@ def summary_rows(summaries: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     for task, summary in summaries.items():
         for arm in summary["arms"]:
             vs = arm.get("vs_curve")
+            start = arm.get("vs_start")
             rows.append({"task": task, "arm": arm["name"], "params": arm["params"],
-                         "dendrites": arm["dendrites"], "vs_curve": vs,
-                         "vs_start": arm.get("vs_start"),
+                         "dendrites": arm["dendrites"], "kept": arm["kept"],
+                         "runs": arm["runs"], "vs_curve": vs, "vs_start": start,
                          "beyond_curve": arm.get("beyond_curve"),
-                         "reaches_curve": None if vs is None else vs >= 0})
+                         "reaches_curve": None if vs is None else vs >= 0,
+                         # the target: at or above the curve with dendrites kept (median)
+                         # and at least 1 point above the start
+                         "counts": None if vs is None or start is None else bool(
+                             vs >= 0 and arm["dendrites"] >= 1 and start >= 1)})
     return rows
 
 
 def summary_table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| task | arm | params | dendrites | vs_curve | vs_start | reaches curve |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| task | arm | params | dendrites (median) | runs that kept any | vs_curve "
+             "| vs_start | reaches curve | counts |", "|---|---|---|---|---|---|---|---|---|"]
+
+    def yes(flag: bool | None) -> str:
+        return "" if flag is None else ("yes" if flag else "no")
+
     for r in rows:
-        reach = "" if r["reaches_curve"] is None else ("yes" if r["reaches_curve"] else "no")
         beyond = " (beyond)" if r["beyond_curve"] else ""
         lines.append(f"| {r['task']} | {r['arm']} | {r['params']:.0f} | {r['dendrites']:g} | "
-                     f"{_fmt(r['vs_curve'])}{beyond} | {_fmt(r['vs_start'])} | {reach} |")
+                     f"{r['kept']}/{r['runs']} | {_fmt(r['vs_curve'])}{beyond} | "
+                     f"{_fmt(r['vs_start'])} | {yes(r['reaches_curve'])} | "
+                     f"{yes(r['counts'])} |")
     return "\n".join(lines)
 
 
@@ -522,7 +525,7 @@ def plot(name: str, summary: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    fig, ax = plt.subplots(figsize=(9.0, 4.6))
     curve = summary["curve"]
     if curve:
         p = [c["params"] for c in curve]
@@ -530,13 +533,14 @@ def plot(name: str, summary: dict[str, Any], path: Path) -> None:
                 label="plain network, widths " + ", ".join(str(c["width"]) for c in curve))
         ax.fill_between(p, [100 * c["q25"] for c in curve], [100 * c["q75"] for c in curve],
                         color="0.3", alpha=0.15, linewidth=0)
-    markers = "sD^vP*XhpD"
+    markers = "sD^vP*Xhp<>d"
+    colors = plt.get_cmap("tab20").colors
     for i, arm in enumerate(summary["arms"]):
         y, x = 100 * arm["median"], arm["params"]
         ax.errorbar(x, y, yerr=[[y - 100 * arm["q25"]], [100 * arm["q75"] - y]],
                     xerr=[[x - arm["params_q25"]], [arm["params_q75"] - x]],
                     fmt=markers[i % len(markers)], ms=10 - 2 * (i % 3), capsize=3,
-                    color=f"C{i}",
+                    color="black" if arm["name"] == "default" else colors[(2 * i) % 20],
                     label=f"{arm['name']} ({arm['dendrites']:g} dendrites)")
     ax.set_xscale("log")
     ax.set_xlabel("parameters")
@@ -545,7 +549,7 @@ def plot(name: str, summary: dict[str, Any], path: Path) -> None:
     ax.set_title(f"{name}: dendrites vs a wider network\n(median and quartiles over {runs} "
                  "seeds; markers: dendrite arms)", fontsize=10)
     ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -574,7 +578,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=2, help="parallel runs (default 2)")
     parser.add_argument("--out-dir", type=Path, default=RESULTS, help="for JSON and PNGs")
     parser.add_argument("--json", type=Path, default=None, help="where to write results")
+    parser.add_argument("--summarize", type=Path, default=None, metavar="JSON",
+                        help="no runs: redo the tables, plots and summary of a saved JSON")
     args = parser.parse_args(argv)
+    if args.summarize is not None:
+        saved = json.loads(args.summarize.read_text())
+        report(saved["runs"], saved["setup"], saved["total_seconds"], args.out_dir,
+               args.json or args.summarize)
+        return 0
 
     arms = dict(ARMS)
     if args.set:
@@ -614,30 +625,35 @@ def main(argv: list[str] | None = None) -> int:
     rows = run_all(jobs, args.jobs)
     total = time.perf_counter() - began
 
+    setup_info = {**asdict(setup), "seeds": seeds, "quick": args.quick,
+                  "width_multipliers": list(WIDTH_MULTIPLIERS),
+                  "arms": {name: arms[name] for name in selected}, "curve": not args.no_curve,
+                  "jobs": args.jobs, "torch": torch.__version__, "runs": len(jobs)}
+    out = args.json or args.out_dir / ("quality_quick.json" if args.quick else "quality.json")
+    report(rows, setup_info, total, args.out_dir, out)
+    return 0
+
+
+def report(rows: list[dict[str, Any]], setup: dict[str, Any], total: float, out_dir: Path,
+           out: Path) -> None:
+    """Print the tables, draw the plots and write the JSON of a finished set of runs."""
     summaries = summarize(rows)
     for name, summary in summaries.items():
         print(task_table(name, summary) + "\n")
     overview = summary_rows(summaries)
     print("### summary (points of test accuracy; vs_curve: arm minus the width curve at the "
-          "arm's params)\n")
+          "arm's params; counts: at or above the curve, dendrites kept in the median run, "
+          "and at least 1 point above the start)\n")
     print(summary_table(overview))
-    print(f"\n{len(seeds)} seed(s), patience {setup.patience}, max_dendrites "
-          f"{setup.max_dendrites}, epoch cap {setup.max_epochs} (spirals: patience and cap "
-          f"x5); {len(jobs)} runs, {args.jobs} job(s); total {total:.0f} s")
-
-    args.out_dir.mkdir(parents=True, exist_ok=True)
+    print(f"\n{len(setup['seeds'])} seed(s), patience {setup['patience']}, max_dendrites "
+          f"{setup['max_dendrites']}, epoch cap {setup['max_epochs']} (spirals: patience and "
+          f"cap x5); {len(rows)} runs, {setup['jobs']} job(s); total {total:.0f} s")
+    out_dir.mkdir(parents=True, exist_ok=True)
     for name, summary in summaries.items():
-        plot(name, summary, args.out_dir / f"pareto_{name}.png")
-    out = args.json or args.out_dir / ("quality_quick.json" if args.quick else "quality.json")
+        plot(name, summary, out_dir / f"pareto_{name}.png")
     out.parent.mkdir(parents=True, exist_ok=True)
-    setup_info = {**asdict(setup), "seeds": seeds, "quick": args.quick,
-                  "width_multipliers": list(WIDTH_MULTIPLIERS),
-                  "arms": {name: arms[name] for name in selected}, "curve": not args.no_curve,
-                  "jobs": args.jobs, "torch": torch.__version__}
-    out.write_text(json.dumps({"setup": setup_info, "total_seconds": total,
-                               "summary": overview, "tasks": summaries, "runs": rows},
-                              indent=1))
-    return 0
+    out.write_text(json.dumps({"setup": setup, "total_seconds": total, "summary": overview,
+                               "tasks": summaries, "runs": rows}, indent=1))
 
 
 if __name__ == "__main__":
