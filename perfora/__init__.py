@@ -8,6 +8,7 @@ __version__ = "0.1.0"
 
 from typing import TYPE_CHECKING, Any  # noqa: E402
 
+from .candidates import GrowthPlan, plan_growth  # noqa: E402
 from .checkpoint import load_checkpoint, load_model, save_model  # noqa: E402
 from .config import PerforaConfig  # noqa: E402
 from .controller import ControllerState, Decision, GrowthController  # noqa: E402
@@ -24,8 +25,10 @@ from .errors import (  # noqa: E402
 from .layers import DendriticLayer, dendritic_layers, unwrap_model  # noqa: E402
 from .resume import resume  # noqa: E402
 from .rules import LearningRule, RuleStep, register_rule  # noqa: E402
+from .signal import ErrorSignalProbe  # noqa: E402
 
 __all__ = [
+    "ErrorSignalProbe", "GrowthPlan", "plan_growth",
     "__version__", "PerforaConfig", "GrowthController", "Decision", "ControllerState",
     "perforate", "describe", "resume", "ConversionReport", "DendriticLayer", "dendritic_layers",
     "unwrap_model", "save_model", "load_model", "load_checkpoint", "LearningRule", "RuleStep",
