@@ -38,7 +38,7 @@ patience 10, max_dendrites 4, epoch cap 2000 (spirals: patience and cap x5 in bo
 
 Outputs: markdown tables on stdout, progress on stderr, JSON (``results/quality.json`` or
 ``results/quality_quick.json``; ``--json`` overrides) and ``results/pareto_<task>.png``
-(``--out-dir`` redirects both).
+(``pareto_<task>_quick.png`` for ``--quick``; ``--out-dir`` redirects both).
 """
 
 from __future__ import annotations
@@ -650,7 +650,9 @@ def report(rows: list[dict[str, Any]], setup: dict[str, Any], total: float, out_
           f"cap x5); {len(rows)} runs, {setup['jobs']} job(s); total {total:.0f} s")
     out_dir.mkdir(parents=True, exist_ok=True)
     for name, summary in summaries.items():
-        plot(name, summary, out_dir / f"pareto_{name}.png")
+        # quick runs draw beside the full run's plots, never over them
+        suffix = "_quick" if setup.get("quick") else ""
+        plot(name, summary, out_dir / f"pareto_{name}{suffix}.png")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"setup": setup, "total_seconds": total, "summary": overview,
                                "tasks": summaries, "runs": rows}, indent=1))
