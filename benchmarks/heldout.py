@@ -1,0 +1,156 @@
+"""Held-out check: data sets the quality benchmark does not tune on, used as a new user would.
+
+A new user perforates a narrow MLP and creates a ``GrowthController`` with only ``maximize``
+and the patience set, and reports the validation accuracy once per epoch. The grown model
+(test accuracy at its best validation epoch) is compared with a plain MLP whose hidden width
+gives the parameter count closest to the grown model's, trained the same way (same loop,
+optimizer, patience; ``max_dendrites=0``). Data sets: scikit-learn's iris and generated
+moons, circles, Gaussian quantiles and a 4-class ``make_classification``; seeds 0..N-1.
+
+    python benchmarks/heldout.py [--seeds 3] [--json benchmarks/results/heldout.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from perfora import GrowthController, perforate
+
+HIDDEN = 8
+PATIENCE = 10
+MAX_EPOCHS = 500
+
+
+def _datasets() -> dict[str, Callable[[int], tuple[np.ndarray, np.ndarray]]]:
+    from sklearn import datasets as ds
+
+    return {
+        "iris": lambda seed: ds.load_iris(return_X_y=True),
+        "moons": lambda seed: ds.make_moons(1000, noise=0.25, random_state=seed),
+        "circles": lambda seed: ds.make_circles(1000, noise=0.1, factor=0.5, random_state=seed),
+        "quantiles": lambda seed: ds.make_gaussian_quantiles(n_samples=1000, n_features=4,
+                                                             n_classes=3, random_state=seed),
+        "classification": lambda seed: ds.make_classification(
+            2000, n_features=20, n_informative=6, n_classes=4, random_state=seed),
+    }
+
+
+def split(x: np.ndarray, y: np.ndarray, seed: int) -> dict[str, tuple[torch.Tensor, ...]]:
+    """Stratified 60/20/20, standardized with the training statistics."""
+    from sklearn.model_selection import train_test_split
+
+    x_tr, x_rest, y_tr, y_rest = train_test_split(x, y, test_size=0.4, stratify=y,
+                                                  random_state=seed)
+    x_va, x_te, y_va, y_te = train_test_split(x_rest, y_rest, test_size=0.5,
+                                              stratify=y_rest, random_state=seed)
+    mean, std = x_tr.mean(0), x_tr.std(0) + 1e-8
+    return {k: (torch.tensor((a - mean) / std, dtype=torch.float32), torch.tensor(b))
+            for k, (a, b) in {"train": (x_tr, y_tr), "val": (x_va, y_va),
+                              "test": (x_te, y_te)}.items()}
+
+
+def mlp(inputs: int, hidden: int, classes: int) -> nn.Sequential:
+    return nn.Sequential(nn.Linear(inputs, hidden), nn.ReLU(), nn.Linear(hidden, classes))
+
+
+def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
+    model.eval()
+    with torch.no_grad():
+        acc = (model(x).argmax(1) == y).float().mean().item()
+    model.train()
+    return acc
+
+
+def train(data: dict, hidden: int, seed: int, **settings) -> dict:
+    """The new user's loop; returns test accuracy at the best epoch, params and dendrites."""
+    torch.manual_seed(seed)
+    x, y = data["train"]
+    classes = int(y.max()) + 1
+    model = perforate(mlp(x.shape[1], hidden, classes))
+    ctl = GrowthController(model, maximize=True, n_epochs_to_switch=PATIENCE,
+                           write_files=False, **settings)
+    ctl.set_optimizer(torch.optim.Adam, lr=0.01)
+    opt, _ = ctl.build_optimizer()
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(MAX_EPOCHS):
+        for idx in torch.randperm(len(x), generator=gen).split(32):
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(x[idx]), y[idx]).backward()
+            opt.step()
+        decision = ctl.step(accuracy(model, *data["val"]),
+                            test_score=accuracy(model, *data["test"]))
+        if decision.complete:
+            break
+        opt = decision.optimizer
+    return {"test": ctl.state.best_test, "params": ctl.parameter_count(),
+            "dendrites": ctl.num_dendrites, "epochs": ctl.epoch}
+
+
+def width_for(params: int, inputs: int, classes: int) -> int:
+    """Hidden width of the plain MLP with the parameter count closest to ``params``."""
+    return max(1, round((params - classes) / (inputs + 1 + classes)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--json", type=Path,
+                        default=Path(__file__).parent / "results" / "heldout.json")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    start = time.perf_counter()
+    rows = []
+    for name, load in _datasets().items():
+        for seed in range(args.seeds):
+            data = split(*load(seed), seed)
+            x, y = data["train"]
+            grown = train(data, HIDDEN, seed)
+            width = width_for(grown["params"], x.shape[1], int(y.max()) + 1)
+            plain = train(data, width, seed, max_dendrites=0)
+            rows.append({"dataset": name, "seed": seed, "grown": grown, "plain": plain,
+                         "plain_width": width})
+            print(f"{name} seed {seed}: grown {grown['test']:.3f} ({grown['params']} params, "
+                  f"{grown['dendrites']} sets) vs plain width {width} {plain['test']:.3f} "
+                  f"({plain['params']} params)", file=sys.stderr, flush=True)
+    lines = ["| data set | grown: median test acc | params | sets kept | plain of that size: "
+             "median test acc | params | grown minus plain (points) |",
+             "|---|---|---|---|---|---|---|"]
+    summary = []
+    for name in _datasets():
+        mine = [r for r in rows if r["dataset"] == name]
+
+        def med(arm: str, key: str, mine: list = mine) -> float:
+            return statistics.median(r[arm][key] for r in mine)
+
+        gap = 100 * (med("grown", "test") - med("plain", "test"))
+        summary.append({"dataset": name, "grown": med("grown", "test"),
+                        "plain": med("plain", "test"), "gap": gap})
+        lines.append(f"| {name} | {100 * med('grown', 'test'):.1f} | "
+                     f"{med('grown', 'params'):.0f} | {med('grown', 'dendrites'):g} | "
+                     f"{100 * med('plain', 'test'):.1f} | {med('plain', 'params'):.0f} | "
+                     f"{gap:+.1f} |")
+    total = time.perf_counter() - start
+    at_least = sum(s["gap"] >= 0 for s in summary)
+    print("\n".join(lines))
+    print(f"\ngrown at least as good as plain of the same size on {at_least} of "
+          f"{len(summary)} data sets; {args.seeds} seed(s); {total:.0f} s")
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps({"hidden": HIDDEN, "patience": PATIENCE,
+                                     "seeds": args.seeds, "summary": summary, "runs": rows,
+                                     "total_seconds": total, "torch": torch.__version__},
+                                    indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
