@@ -271,6 +271,77 @@ def fsdp1_runs(out: Path) -> dict:
     return _grow_resume_compare(out, "fsdp1", "fsdp1")
 
 
+def error_growth() -> dict:
+    """Error-driven, selective growth on CUDA under DDP and FSDP2 over NCCL (world size 1):
+    the probe records CUDA activations, plans come from NCCL-reduced moments, outputs stay
+    unchanged at growth; and the time one plan takes for a 2048-wide layer."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ["MASTER_PORT"] = "29534"
+    dist.init_process_group("nccl", rank=0, world_size=1)
+    torch.cuda.set_device(0)
+    dev = torch.device("cuda", 0)
+    res: dict = {}
+    try:
+        for kind in ("ddp_mlp", "ddp_conv", "fsdp2_mlp"):
+            torch.manual_seed(0)
+            if kind == "ddp_conv":
+                net = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Flatten(),
+                                    nn.Linear(16 * 8 * 8, 10))
+                x, y = torch.randn(256, 3, 8, 8, device=dev), torch.randint(0, 10, (256,),
+                                                                              device=dev)
+            else:
+                net = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
+                x, y = torch.randn(256, 32, device=dev), torch.randint(0, 10, (256,),
+                                                                       device=dev)
+            model = perfora.perforate(net).to(dev)
+            if kind.startswith("fsdp2"):
+                model = perfora.shard_fsdp2(model, mesh=init_device_mesh("cuda", (1,)))
+            else:
+                model = perfora.wrap_ddp(model, device_ids=[0])
+            ctl = perfora.GrowthController(model, switch_mode="every_epoch", max_dendrites=2,
+                                           grow_fraction=0.5, write_files=False)
+            ctl.set_optimizer(torch.optim.Adam, lr=1e-3)
+            opt, _ = ctl.build_optimizer()
+            changes, seconds = [], []
+            for _ in range(2):
+                for batch in range(4):
+                    idx = slice(64 * batch, 64 * (batch + 1))
+                    opt.zero_grad()
+                    nn.functional.cross_entropy(model(x[idx]), y[idx]).backward()
+                    opt.step()
+                with torch.no_grad():
+                    before = model(x[:64])
+                start = time.perf_counter()
+                decision = ctl.step(1.0, model=model)
+                seconds.append(time.perf_counter() - start)
+                model, opt = decision.model, decision.optimizer
+                with torch.no_grad():
+                    changes.append((model(x[:64]) - before).abs().max().item())
+            layers = perfora.dendritic_layers(model)
+            res[kind] = {"dendrites": ctl.num_dendrites, "output_change": max(changes),
+                         "fed": {p: [len(f) for f in (m.set_neurons() or [])]
+                                 for p, m in layers.items()},
+                         "on_cuda": all(p.is_cuda for p in model.parameters()),
+                         "step_seconds": [round(t, 3) for t in seconds]}
+        from perfora.candidates import plan_growth
+
+        big = perfora.DendriticLayer(nn.Linear(2048, 2048).to(dev), num_neurons=2048,
+                                     neuron_axis=-1)  # candidates train on the GPU
+        rows, err = torch.randn(2048, 2048), torch.randn(2048, 2048)
+        start = time.perf_counter()
+        plan = plan_growth(big, rows, err, generator=torch.Generator().manual_seed(0))
+        res["plan_2048_wide_seconds"] = round(time.perf_counter() - start, 2)
+        res["plan_2048_wide_weight"] = list(plan.weights["weight"].shape)
+    except Exception as exc:  # report, do not hide
+        res["error"] = f"{type(exc).__name__}: {exc}"
+    finally:
+        dist.destroy_process_group()
+    return res
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--out", type=Path, default=Path("gpu_check_out"))
@@ -281,6 +352,7 @@ def main() -> None:
         raise SystemExit("gpu_check needs a CUDA device")
     report = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__}
     checks = {"growth_on_cuda": growth_on_cuda, "nccl": nccl_restructures,
+              "error_growth": error_growth,
               "lightning": lambda: lightning_runs(args.out),
               "deepspeed": lambda: deepspeed_runs(args.out),
               "fsdp1": lambda: fsdp1_runs(args.out)}

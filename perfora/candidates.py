@@ -117,9 +117,11 @@ def plan_growth(layer: DendriticLayer, x: torch.Tensor, e: torch.Tensor, *,
     to feed, those with the highest score. Every rank must call this with the same settings;
     ``all_ranks=False`` decides from this rank's rows alone (diagnostics only).
     """
+    device = layer._reference().device  # train where the layer lives (a GPU if any)
     # frameworks decide in validation hooks, under no_grad or inference mode: train anyway
     with torch.inference_mode(False), torch.enable_grad():
-        return _plan(layer, x.clone(), e.clone(), generator=generator, fraction=fraction,
+        return _plan(layer, x.to(device, copy=True), e.to(device, copy=True),
+                     generator=generator, fraction=fraction,
                      train_pool=train_pool, pool=pool, steps=steps, lr=lr, scale=scale,
                      reduce=all_reduce_values if all_ranks and is_distributed() else _local)
 
@@ -133,7 +135,8 @@ def _plan(layer: DendriticLayer, x: torch.Tensor, e: torch.Tensor, *,
     weights = None
     if train_pool:
         size = _pool_size(x.shape[0], x.shape[1], n, pool)
-        w0, b0 = _draw_pool(layer, size, generator, scale)
+        w0, b0 = _draw_pool(layer, size, generator, scale)  # on the CPU: same on every rank
+        w0, b0 = w0.to(x.device), None if b0 is None else b0.to(x.device)
         w = w0.clone().requires_grad_(True)
         b = None if b0 is None else b0.clone().requires_grad_(True)
         e_hat = (e - mean) / torch.where(std > 0, std, 1.0)
@@ -150,19 +153,20 @@ def _plan(layer: DendriticLayer, x: torch.Tensor, e: torch.Tensor, *,
         with torch.no_grad():
             corr = _correlation(_moments(x, e, w, b, layer.activation, reduce))  # (n, pool)
             best = corr.argmax(1)
-            rows = torch.arange(n)
+            rows = torch.arange(n, device=x.device)
             chosen_w = w.detach()[rows, best].reshape(n, *layer.source.weight.shape[1:])
             weights = {"weight": chosen_w}
             if b is not None:
                 weights["bias"] = b.detach()[rows, best]
             neuron_scores = corr[rows, best] * std
+    neuron_scores = neuron_scores.cpu()
     neurons = None
     if fraction < 1.0 and layer.supports_partial_sets():
         keep = max(1, math.ceil(fraction * n))
         order = sorted(range(n), key=lambda i: (-float(neuron_scores[i]), i))
         neurons = sorted(order[:keep])
         if weights is not None:
-            index = torch.tensor(neurons)
+            index = torch.tensor(neurons, device=x.device)
             weights = {k: t[index] for k, t in weights.items()}
     return GrowthPlan(neurons=neurons, weights=weights,
                       neuron_scores=[float(s) for s in neuron_scores])
