@@ -23,6 +23,7 @@ import torch
 
 from .distributed.collectives import all_reduce_values, is_distributed, world_size
 from .layers import _ACTIVATIONS, DendriticLayer
+from .moments import abs_correlation
 
 WORK_PER_STEP = 2.5e8
 """Multiply-adds one candidate-training step may cost: larger layers train smaller pools."""
@@ -97,15 +98,6 @@ def _moments(x: torch.Tensor, e: torch.Tensor, w: torch.Tensor, b: torch.Tensor 
                                         (d * ee).sum(0)]))
 
 
-def _correlation(m: torch.Tensor) -> torch.Tensor:
-    count, sd, se, sdd, see, sde = m.unbind(0)
-    count = count.clamp_min(1)
-    cov = sde / count - sd * se / count ** 2
-    var = (sdd / count - (sd / count) ** 2).clamp_min(0) * \
-        (see / count - (se / count) ** 2).clamp_min(0)
-    return torch.where(var > 0, cov.abs() / var.clamp_min(1e-30).sqrt(), 0.0).float()
-
-
 def plan_growth(layer: DendriticLayer, x: torch.Tensor, e: torch.Tensor, *,
                 generator: torch.Generator, fraction: float = 1.0, train_pool: bool = True,
                 pool: int = 8, steps: int = 100, lr: float = 0.05,
@@ -151,7 +143,8 @@ def _plan(layer: DendriticLayer, x: torch.Tensor, e: torch.Tensor, *,
                     p.grad = all_reduce_values(p.grad) / world_size()
             opt.step()
         with torch.no_grad():
-            corr = _correlation(_moments(x, e, w, b, layer.activation, reduce))  # (n, pool)
+            corr = abs_correlation(  # (n, pool), float32 as measured in the benchmark
+                _moments(x, e, w, b, layer.activation, reduce)).float()
             best = corr.argmax(1)
             rows = torch.arange(n, device=x.device)
             chosen_w = w.detach()[rows, best].reshape(n, *layer.source.weight.shape[1:])

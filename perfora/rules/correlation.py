@@ -25,6 +25,7 @@ from torch import nn
 
 from ..distributed.collectives import is_distributed
 from ..layers import DendriticLayer
+from ..moments import abs_correlation
 from .base import LearningRule, RuleStep
 
 DENDRITE = "dendrite"
@@ -52,13 +53,7 @@ def _to_shape(grad: torch.Tensor, like: torch.Tensor, axis: int) -> torch.Tensor
 
 def _pearson(moments: torch.Tensor) -> torch.Tensor:
     """|corr| per neuron from summed moments [count, Sd, Se, Sdd, See, Sde]."""
-    count, sd, se, sdd, see, sde = moments.unbind(0)
-    count = count.clamp_min(1)
-    cov = sde / count - sd * se / count ** 2
-    var = (sdd / count - (sd / count) ** 2).clamp_min(0) * \
-        (see / count - (se / count) ** 2).clamp_min(0)
-    positive = var > 0
-    return torch.where(positive, cov.abs() / torch.where(positive, var, 1.0).sqrt(), 0.0)
+    return abs_correlation(moments)
 
 
 def _moments(dm: torch.Tensor, em: torch.Tensor) -> torch.Tensor:
