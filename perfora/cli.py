@@ -57,8 +57,9 @@ def _convert(args: argparse.Namespace) -> int:
     return run_convert(args)
 
 
-def _at_least(minimum: int):
-    """An argparse type: an integer >= ``minimum`` (a clear usage error otherwise)."""
+def _at_least(minimum: int, maximum: int = 2**63 - 1):
+    """An argparse type: an integer in [minimum, maximum] (a clear usage error otherwise);
+    the default maximum is the largest seed torch accepts."""
 
     def parse(text: str) -> int:
         try:
@@ -67,6 +68,8 @@ def _at_least(minimum: int):
             raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
         if value < minimum:
             raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        if value > maximum:
+            raise argparse.ArgumentTypeError(f"must be <= {maximum}, got {value}")
         return value
 
     return parse

@@ -14,6 +14,7 @@ from .errors import ConfigError
 SWITCH_MODES = ("patience", "fixed", "every_epoch", "never")
 ACTIVATIONS = ("sigmoid", "tanh", "relu")
 DENDRITE_INITS = ("default", "normal", "error")
+MAX_INIT_SCALE = 1e4
 
 
 @dataclass
@@ -110,6 +111,11 @@ class PerforaConfig:
     extra: dict[str, Any] = field(default_factory=dict)
     """Free-form settings for learning rules and integrations (JSON-serializable)."""
 
+    def __new__(cls, *args: Any, **settings: Any) -> PerforaConfig:
+        # the generated __init__ would raise a bare TypeError for an unknown name
+        check_setting_names(settings.keys())
+        return super().__new__(cls)
+
     def __post_init__(self) -> None:
         self.validate()
 
@@ -120,7 +126,10 @@ class PerforaConfig:
         _check_choice(self, "switch_mode", SWITCH_MODES)
         _check_int(self, "n_epochs_to_switch", minimum=1)
         thr = self.improvement_threshold
-        if isinstance(thr, Sequence) and not isinstance(thr, str):
+        if isinstance(thr, str | bytes | bytearray):
+            raise ConfigError(f"improvement_threshold must be a number or a sequence of "
+                              f"numbers, got {thr!r}")
+        if isinstance(thr, Sequence):
             if len(thr) == 0:
                 raise ConfigError("improvement_threshold: an empty sequence; give a float "
                                   "or at least one value, e.g. 1e-4")
@@ -163,9 +172,10 @@ class PerforaConfig:
         _check_int(self, "signal_rows", minimum=16)
         scale = self.dendrite_init_scale
         if (isinstance(scale, bool) or not isinstance(scale, int | float)
-                or not math.isfinite(scale) or scale <= 0):
-            raise ConfigError(f"dendrite_init_scale must be a positive finite number, "
-                              f"got {scale!r}")
+                or not math.isfinite(scale) or not 0 < scale <= MAX_INIT_SCALE):
+            raise ConfigError(f"dendrite_init_scale must be a positive number up to "
+                              f"{MAX_INIT_SCALE:g} (larger initial weights overflow), got "
+                              f"{scale!r}")
         self.dendrite_init_scale = float(scale)
         from .rules import available_rules  # late import: rules import config
 
@@ -248,9 +258,15 @@ def nearest_name(name: object, known: Sequence[str], cutoff: float = 0.5) -> str
     return close[0] if close else None
 
 
+ALIASES = {"patience": "n_epochs_to_switch", "max_tries": "max_dendrite_tries",
+           "retain": "retain_all_dendrites"}
+"""Names users reach for that mean a setting of another name."""
+
+
 def unknown_name_message(name: str, known: Sequence[str], what: str) -> str:
     """'unknown setting X; did you mean Y?' with the closest match."""
-    close = nearest_name(name, known)
+    alias = ALIASES.get(str(name))
+    close = alias if alias in known else nearest_name(name, known)
     hint = f"; did you mean {close!r}?" if close else f"; known: {', '.join(sorted(known))}"
     return f"unknown {what} {name!r}{hint}"
 

@@ -128,6 +128,9 @@ def as_score(value: Any, what: str = "validation score") -> float:
     if isinstance(value, bool):
         raise ScoreError(f"the {what} must be a number, got a bool ({value})")
     if isinstance(value, torch.Tensor):
+        if value.dtype == torch.bool:
+            raise ScoreError(f"the {what} must be a number, got a bool tensor ({value}); "
+                             "report e.g. accuracy as a float")
         if value.numel() != 1:
             raise ScoreError(f"the {what} must be one number, got a tensor of shape "
                              f"{tuple(value.shape)}; reduce it first (e.g. .mean())")
@@ -140,7 +143,11 @@ def as_score(value: Any, what: str = "validation score") -> float:
     if not isinstance(value, numbers.Real):
         raise ScoreError(f"the {what} must be a number, got {type(value).__name__} "
                          f"({value!r})")
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:
+        raise ScoreError(f"the {what} is too large for a float ({str(value)[:20]}...); "
+                         "report a finite number") from None
     if not math.isfinite(value):
         raise ScoreError(f"the {what} is {value}: training probably diverged (lower the "
                          "learning rate) or the metric divided by zero; report a finite "
@@ -412,6 +419,10 @@ class GrowthController:
         value = as_score(score)
         test = None if test_score is None else as_score(test_score, "test score")
         extras = {k: as_score(v, f"extra score {k!r}") for k, v in (extra or {}).items()}
+        weight = as_score(weight, "weight")
+        if weight <= 0:
+            raise ScoreError(f"weight must be > 0 (e.g. the size of this rank's validation "
+                             f"shard), got {weight}")
         value, test, *extra_values = agree_on_scores([value, test, *extras.values()],
                                                      weight=float(weight))
         extras = dict(zip(extras, extra_values))
