@@ -332,11 +332,14 @@ class GrowthController:
 
         Under FSDP2 a collective (every rank gathers its shards) unless gathered for this
         write; the names let a resumed run match entries whatever order its optimizer has.
-        None without an optimizer, or under FSDP2 when it is stale."""
+        None without an optimizer, or when it is stale (it holds replaced parameters)."""
         if self.optimizer is None:
             return None
         if not self._fsdp2():
-            return split_optimizer_state(self.optimizer)
+            # after the completion's rewind the optimizer holds the replaced parameters:
+            # its moments fit no tensor of the model, and a load could not take them
+            return split_optimizer_state(self.optimizer) if self._optimizer_is_current() \
+                else None
         if self._fsdp1():
             return None  # FSDP1 keeps flat slices: the optimizer state is not saved
         if self._full_cache is not None:  # gathered together with the model

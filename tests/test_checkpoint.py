@@ -518,3 +518,32 @@ def test_checkpoint_whose_header_length_starts_with_0x80_is_not_taken_for_a_pick
         raise AssertionError("no padding gave a header length starting with 0x80")
     loaded = load_checkpoint(path)
     assert torch.equal(loaded.tensors["model"]["w"], torch.zeros(2))
+
+
+def test_a_completed_run_that_rewound_to_no_dendrites_saves_a_loadable_checkpoint(tmp_path):
+    # every set is discarded (the scores keep falling), so completion rewinds to 0 dendrites
+    # and the optimizer still holds the discarded parameters: it must not be saved as theirs
+    torch.manual_seed(0)
+    model = perfora.perforate(nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2)))
+    ctl = perfora.GrowthController(model, switch_mode="every_epoch", max_dendrites=3,
+                                   retain_all_dendrites=False, run_dir=tmp_path / "a")
+    ctl.set_optimizer(torch.optim.Adam, lr=0.01)
+    opt, _ = ctl.build_optimizer()
+    for score in [0.9, 0.8, 0.7, 0.6, 0.5, 0.4]:
+        opt.zero_grad()
+        model(torch.randn(8, 3)).sum().backward()
+        opt.step()
+        decision = ctl.step(score)
+        opt = decision.optimizer or opt
+        if decision.complete:
+            break
+    assert decision.complete and ctl.num_dendrites == 0
+    ctl.save(tmp_path / "done.safetensors")
+    fresh = perfora.perforate(nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2)))
+    again = perfora.GrowthController(fresh, run_dir=tmp_path / "b")
+    again.set_optimizer(torch.optim.Adam, lr=0.01)
+    again.build_optimizer()
+    again.load(tmp_path / "done.safetensors")
+    assert again.completed and again.num_dendrites == 0
+    for (name, a), (_, b) in zip(model.state_dict().items(), fresh.state_dict().items()):
+        assert torch.equal(a, b), name
