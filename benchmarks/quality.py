@@ -210,7 +210,11 @@ def spirals(seed: int) -> Task:
 @functools.lru_cache(maxsize=1)
 def _mnist1d_raw() -> dict[str, np.ndarray]:
     """The default MNIST-1D dataset (deterministic, ~1 s to generate; cached per process)."""
-    from mnist1d.data import get_dataset_args, make_dataset
+    try:
+        from mnist1d.data import get_dataset_args, make_dataset
+    except ImportError as exc:
+        raise SystemExit("the mnist1d task needs the mnist1d package: pip install -e "
+                         "'.[bench]' (or leave it out: --datasets digits wine ...)") from exc
 
     return make_dataset(get_dataset_args())
 

@@ -270,6 +270,8 @@ def test_resume_carries_partial_sets_and_ends_equal(tmp_path):
     ({"candidate_pool": 0}, "candidate_pool"),
     ({"candidate_lr": -1.0}, "candidate_lr"),
     ({"grow_fraction": 0.5, "rule": "correlation"}, "selective growth"),
+    ({"target_score": float("nan")}, "target_score"),
+    ({"target_score": "1.0"}, "target_score"),
 ])
 def test_bad_growth_settings_raise_config_error(settings, match):
     with pytest.raises(ConfigError, match=match):
@@ -295,3 +297,21 @@ def test_activation_setting_reaches_the_layers():
     dendritic_layers(kept)["0"].grow()
     with pytest.raises(ConversionError, match="already holds tanh"):
         GrowthController(kept, activation="sigmoid", write_files=False)
+
+
+@pytest.mark.parametrize("maximize, scores, target", [
+    (True, [0.5, 0.7, 0.95, 0.99], 0.95),   # accuracy reaches the target at epoch 3
+    (False, [0.9, 0.5, 0.009, 0.001], 0.01),  # a loss falls below it at epoch 3
+])
+def test_target_score_ends_growth_when_reached(maximize, scores, target):
+    model = perfora.perforate(nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 2)))
+    ctl = GrowthController(model, maximize=maximize, target_score=target,
+                           switch_mode="every_epoch", max_dendrites=10, write_files=False)
+    actions = []
+    for score in scores:
+        decision = ctl.step(score)
+        actions.append(decision.action)
+        if decision.complete:
+            break
+    assert actions == ["restructure", "restructure", "complete"]
+    assert "target_score" in decision.reason and ctl.num_dendrites == 2
