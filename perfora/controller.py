@@ -62,6 +62,7 @@ from .optim import (
 from .report import RunReport
 from .rules import make_rule
 from .signal import ErrorSignalProbe
+from .usage import UsageWatch
 
 CONTINUE, RESTRUCTURE, PHASE_CHANGE, COMPLETE = "continue", "restructure", "phase_change", \
     "complete"
@@ -188,6 +189,10 @@ class GrowthController:
                                   "phase switches change parameters outside a restructure); "
                                   "use rule='gd', or train under DDP (perfora.wrap_ddp)")
         _apply_activation(layers, config.activation)
+        for layer in layers.values():
+            layer.remember_frozen_base()  # frozen by the user: stays frozen in every phase
+        self._usage = UsageWatch()
+        self._usage.watch_calls(layers)
         self.rule = make_rule(config.rule, config)
         self.rule.bind_model(model)
         self.rule.apply(layers)
@@ -419,6 +424,7 @@ class GrowthController:
                              "decision.model and decision.optimizer")
         if model is not None:
             self._adopt(model)
+        self._usage.end_epoch(self.optimizer is not None or self._optimizer_recipe is not None)
         value = as_score(score)
         test = None if test_score is None else as_score(test_score, "test score")
         extras = {k: as_score(v, f"extra score {k!r}") for k, v in (extra or {}).items()}
@@ -636,6 +642,8 @@ class GrowthController:
         st.cycle_scores, st.cycle_best, st.cycle_set_global_best = [], None, False
         self.rule.after_growth(layers)
         self._rebuild_after_change()
+        if self._wrapper is None or not isinstance(self._wrapper, FSDP2Spec):
+            self._usage.after_restructure(self._layers())
 
     def add_dendrites(self) -> Decision:
         """Add one dendrite set now (without waiting for a plateau); rebuilds the optimizer."""

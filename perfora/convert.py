@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from .attention import is_attention_projection, route_wrapped_layers
 from .errors import ConversionError
 from .layers import DendriticLayer, bank_kind, dendritic_layers, unwrap_model
 
@@ -34,6 +35,7 @@ class WrappedLayer:
     neuron_axis: int
     dendrites: int
     grouped_with: str | None = None
+    base_frozen: bool = False
 
 
 @dataclass
@@ -42,14 +44,18 @@ class ConversionReport:
 
     wrapped: list[WrappedLayer] = field(default_factory=list)
     outside: list[tuple[str, int]] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # (path, why) of this call
 
     def __str__(self) -> str:
         lines = [f"perfora wrapped {len(self.wrapped)} module(s):"]
         width = max((len(w.path) for w in self.wrapped), default=4)
         for w in self.wrapped:
             group = f" + {w.grouped_with}" if w.grouped_with else ""
+            frozen = "  base frozen (only dendrites train)" if w.base_frozen else ""
             lines.append(f"  {w.path:<{width}}  {w.type}{group}  neurons={w.neurons} "
-                         f"axis={w.neuron_axis} dendrites={w.dendrites}")
+                         f"axis={w.neuron_axis} dendrites={w.dendrites}{frozen}")
+        for path, why in self.skipped:
+            lines.append(f"  skipped {path}: {why}")
         if self.outside:
             total = sum(n for _, n in self.outside)
             lines.append(f"trainable parameters left outside ({total} values, no dendrites):")
@@ -118,7 +124,9 @@ def perforate(
                                   f"{_example_paths(modules)}")
 
     selected: list[str] = []
-    _select(inner, "", types, names, set(paths), predicate, exclude, exclude_types, selected)
+    skipped: list[tuple[str, str]] = []
+    _select(inner, "", types, names, set(paths), predicate, exclude, exclude_types, selected,
+            skipped)
     selected = _first_path_per_module(selected, modules)
     existing = dendritic_layers(inner)
     if not selected and not existing:
@@ -146,7 +154,9 @@ def perforate(
         layer.grouped_with = norm_path
         for alias in aliases.get(id(module), [path]):
             _set_module(inner, alias, layer)
+    route_wrapped_layers(inner)
     report = describe(model)
+    report.skipped = skipped
     if verbose:
         print(report)
     else:
@@ -156,7 +166,7 @@ def perforate(
 
 def _select(module: nn.Module, prefix: str, types: tuple, names: set, paths: set,
             predicate: Predicate | None, exclude: Sequence[str], exclude_types: tuple,
-            out: list[str]) -> None:
+            out: list[str], skipped: list[tuple[str, str]]) -> None:
     for child_name, child in module.named_children():
         path = f"{prefix}.{child_name}" if prefix else child_name
         if isinstance(child, DendriticLayer) or _excluded(path, child, exclude, exclude_types):
@@ -164,14 +174,36 @@ def _select(module: nn.Module, prefix: str, types: tuple, names: set, paths: set
         hit = (path in paths or (types and isinstance(child, types))
                or type(child).__name__ in names
                or (predicate is not None and predicate(path, child)))
+        if hit and path not in paths and is_attention_projection(module, child_name):
+            skipped.append((path, f"{type(module).__name__} reads its weight directly; "
+                                  f"name it in paths=[{path!r}] to grow it anyway (perfora "
+                                  "then routes the attention output through it)"))
+            continue
         if hit:
-            if not any(True for _ in child.parameters()):
-                raise ConversionError(f"cannot perforate {path!r} ({type(child).__name__}): "
-                                      "it has no parameters to copy into dendrites")
+            _refuse_unsupported(path, child)
             if path not in out:
                 out.append(path)
         else:
-            _select(child, path, types, names, paths, predicate, exclude, exclude_types, out)
+            _select(child, path, types, names, paths, predicate, exclude, exclude_types, out,
+                    skipped)
+
+
+def _refuse_unsupported(path: str, module: nn.Module) -> None:
+    """Refuse, at selection time, modules whose dendrites could never run."""
+    if not any(True for _ in module.parameters()):
+        raise ConversionError(f"cannot perforate {path!r} ({type(module).__name__}): "
+                              "it has no parameters to copy into dendrites")
+    if isinstance(module, (nn.RNNBase, nn.RNNCellBase)):
+        raise ConversionError(
+            f"cannot perforate {path!r} ({type(module).__name__}): recurrent layers take and "
+            "return a hidden state besides their output, which dendrites do not support. "
+            "Perforate the Linear layers that read its output instead (the default types "
+            "select them and leave recurrent layers alone)")
+    if isinstance(module, nn.MultiheadAttention):
+        raise ConversionError(
+            f"cannot perforate {path!r} ({type(module).__name__}) as one layer: it returns "
+            "(output, weights). Grow its output projection instead: "
+            f"paths=[{path + '.out_proj'!r}]")
 
 
 def _first_path_per_module(paths: list[str], modules: Mapping[str, nn.Module]) -> list[str]:
@@ -299,7 +331,8 @@ def describe(model: nn.Module) -> ConversionReport:
         report.wrapped.append(WrappedLayer(
             path=path, type=type(layer.source).__name__, neurons=layer.num_neurons,
             neuron_axis=layer.neuron_axis, dendrites=layer.num_dendrites,
-            grouped_with=getattr(layer, "grouped_with", None)))
+            grouped_with=getattr(layer, "grouped_with", None),
+            base_frozen=layer.base_frozen()))
     inside = {id(p) for layer in layers.values() for p in layer.parameters()}
     for name, p in inner.named_parameters():
         if p.requires_grad and id(p) not in inside:

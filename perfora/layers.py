@@ -88,6 +88,9 @@ class DendriticLayer(nn.Module):
         self.kind = bank_kind(self.source)
         self.num_dendrites = 0
         self._trainable = dict.fromkeys(PARAM_GROUPS, True)
+        # base parameters the user froze: no rule phase, growth or load unfreezes them
+        self.frozen_base_names: set[str] = {n for n, p in base.named_parameters()
+                                            if not p.requires_grad}
         # Parameters exist only when K > 0, so no tensor is ever left without a gradient.
         for name in ("bank_weight", "bank_bias", "cascade", "out_weight", *_CANDIDATE_NAMES):
             self.register_parameter(name, None)
@@ -112,6 +115,27 @@ class DendriticLayer(nn.Module):
         for p in self.base.parameters():
             return p
         raise ConversionError("cannot perforate a module without parameters")
+
+    @property
+    def weight(self) -> torch.Tensor | None:
+        """The wrapped layer's weight, for code that reads it (dtype, device, shape)."""
+        return getattr(self.source, "weight", None)
+
+    @property
+    def bias(self) -> torch.Tensor | None:
+        """The wrapped layer's bias (None when it has none)."""
+        return getattr(self.source, "bias", None)
+
+    def base_frozen(self) -> bool:
+        """True when every base parameter was frozen by the user (the adapter use)."""
+        names = [n for n, _ in self.base.named_parameters()]
+        return bool(names) and all(n in self.frozen_base_names for n in names)
+
+    def remember_frozen_base(self) -> None:
+        """Record base parameters frozen now by the user (not by a perfora phase)."""
+        if self._trainable["base"]:
+            self.frozen_base_names |= {n for n, p in self.base.named_parameters()
+                                       if not p.requires_grad}
 
     def _generic_names(self) -> list[str]:
         return [n for n, _ in self.source.named_parameters()]
@@ -420,6 +444,10 @@ class DendriticLayer(nn.Module):
             if group not in PARAM_GROUPS:
                 raise ValueError(f"unknown parameter group {group!r}; use {PARAM_GROUPS}")
             self._trainable[group] = bool(flag)
+            if group == "base":
+                for name, p in self.base.named_parameters():
+                    p.requires_grad_(bool(flag) and name not in self.frozen_base_names)
+                continue
             for p in self.group_parameters(group):
                 p.requires_grad_(bool(flag))
 
@@ -488,11 +516,15 @@ class DendriticLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         y = self.base(x, *args, **kwargs)
+        if args or kwargs or not isinstance(y, torch.Tensor):
+            # refused before any growth, so a run never trains on into a dead end
+            raise ConversionError(
+                f"a DendriticLayer needs a module that maps one tensor to one tensor; this "
+                f"{type(self.source).__name__} was called with {1 + len(args)} positional "
+                f"and {len(kwargs)} keyword argument(s) and returned "
+                f"{type(y).__name__}. Perforate the layers inside it instead")
         if self.num_dendrites == 0:
             return y
-        if args or kwargs:
-            raise ConversionError("a DendriticLayer with dendrites takes one tensor input; "
-                                  "wrap a module that maps one tensor to one tensor")
         shape = self._neuron_shape(y.ndim)
         out, dendrites = self._mix(x, y, shape) if self.banked else (y, [])
         if self.has_candidate and self.candidate_tap is not None and torch.is_grad_enabled() \
