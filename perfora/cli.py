@@ -141,6 +141,9 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("--score", default=None, metavar="NAME",
                          help="the variable holding the validation score (default: found "
                               "from names like val_acc, val_loss)")
+    convert.add_argument("--max-size", type=_at_least(0), default=None, metavar="BYTES",
+                         help="refuse larger files (default 1000000, 1 MB; 0: no limit; "
+                              "converting takes about 15 s and 1 GB of memory per MB)")
     direction = convert.add_mutually_exclusive_group()
     direction.add_argument("--maximize", action="store_true", help="higher score is better")
     direction.add_argument("--minimize", action="store_true", help="lower score is better")

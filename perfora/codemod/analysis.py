@@ -10,14 +10,14 @@ import inspect
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import libcst as cst
-from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider
+from libcst.metadata import MetadataWrapper, PositionProvider
 
 from .findings import MANUAL, NOTE, Finding
 from .syntax import (
     assigned_names,
-    call_attr,
     code,
     dotted,
     inner_comments,
@@ -32,6 +32,8 @@ WRAPPERS = {"torch.nn.DataParallel": "DataParallel",
             "torch.nn.parallel.data_parallel.DataParallel": "DataParallel",
             "torch.nn.parallel.DistributedDataParallel": "DistributedDataParallel",
             "torch.nn.parallel.distributed.DistributedDataParallel": "DistributedDataParallel"}
+LOCAL = "<local>"
+"""``Analyzer.calls_in`` key for calls of the script's own (module- or function-level) defs."""
 LineOf = Callable[[cst.CSTNode], int]
 """How transforms ask for a node's line number (for their notes)."""
 MINIMIZE = re.compile(r"loss|err|mse|mae|rmse|nll|perplex|ppl|cost", re.I)
@@ -126,17 +128,39 @@ class Script:
 
 
 class _Collector(cst.CSTVisitor):
-    """Every call, function definition, loop and import alias in the module."""
+    """Every node's parent, and every call, function definition, loop and import alias.
+
+    One pass over the tree: the analysis then answers "which calls are inside this node"
+    from these lists and the parents (:meth:`Analyzer.calls_in`) instead of visiting
+    subtrees again, which kept large scripts from converting in linear time.
+    """
 
     def __init__(self) -> None:
+        self.parents: dict[int, cst.CSTNode] = {}   # id(node) -> its parent
+        self._stack: list[cst.CSTNode] = []
         self.calls: list[cst.Call] = []
+        self.attr_calls: dict[str, list[cst.Call]] = {}  # "step" -> every x.step(...) call
         self.defs: dict[str, cst.FunctionDef] = {}
         self.loops: list[cst.For | cst.While] = []
         self.aliases: dict[str, str] = {}
         self.names: set[str] = set()
 
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        """Record the node's parent, then dispatch to ``visit_<Type>``."""
+        if self._stack:
+            self.parents[id(node)] = self._stack[-1]
+        self._stack.append(node)
+        return super().on_visit(node)
+
+    def on_leave(self, original_node: cst.CSTNode) -> None:
+        """Dispatch to ``leave_<Type>``, then step back to the parent."""
+        super().on_leave(original_node)
+        self._stack.pop()
+
     def visit_Call(self, node: cst.Call) -> None:
         self.calls.append(node)
+        if isinstance(node.func, cst.Attribute):
+            self.attr_calls.setdefault(node.func.attr.value, []).append(node)
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         self.defs.setdefault(node.name.value, node)
@@ -174,12 +198,15 @@ class Analyzer:
     """Builds a :class:`Script` from source text."""
 
     def __init__(self, source: str, score: str | None = None) -> None:
-        self.wrapper = MetadataWrapper(cst.parse_module(source))
-        self.module = self.wrapper.module
-        self.pos = self.wrapper.resolve(PositionProvider)
-        self.parents = self.wrapper.resolve(ParentNodeProvider)
+        self.module = cst.parse_module(source)
+        self._top_lines: dict[int, int] | None = None  # id(top statement) -> lines above it
+        self._positions: dict[int, Any] = {}  # id(top statement) -> its nodes' positions
         self.col = _Collector()
         self.module.visit(self.col)
+        self.parents = self.col.parents
+        self._calls_index: dict[str, dict[int, list[cst.Call]]] = {}
+        self._backward_memo: dict[tuple[int, int], cst.Call | None] = {}
+        self._module_level_names: set[str] | None = None
         self.score_name = score
         self.anchor: cst.CSTNode | None = None
         self.per_batch = False
@@ -187,8 +214,32 @@ class Analyzer:
 
     # ------------------------------------------------------------------ helpers
     def line(self, node: cst.CSTNode) -> int:
-        """The 1-based line a node starts on."""
-        return self.pos[node].start.line
+        """The 1-based line a node starts on.
+
+        Positions are computed only for the module-level statement holding the node (libcst's
+        PositionProvider over that one statement), offset by the lines above it: resolving
+        them for the whole module cost most of the analysis of a large script.
+        """
+        top = node
+        for anc in self.ancestors(node):
+            if isinstance(anc, cst.Module):
+                break
+            top = anc
+        if top is self.module:
+            return 1
+        if self._top_lines is None:
+            above = sum(self.module.code_for_node(line).count("\n")
+                        for line in self.module.header)
+            self._top_lines = {}
+            for stmt in self.module.body:
+                self._top_lines[id(stmt)] = above
+                above += self.module.code_for_node(stmt).count("\n")
+        positions = self._positions.get(id(top))
+        if positions is None:
+            alone = self.module.with_changes(body=[top], header=[], footer=[])
+            wrapper = MetadataWrapper(alone, unsafe_skip_copy=True)
+            positions = self._positions[id(top)] = wrapper.resolve(PositionProvider)
+        return self._top_lines[id(top)] + positions[node].start.line
 
     def manual(self, node: cst.CSTNode | int, message: str) -> None:
         """Record something the user must do by hand, at a node's line."""
@@ -211,7 +262,7 @@ class Analyzer:
 
     def parent(self, node: cst.CSTNode) -> cst.CSTNode | None:
         """The node's parent (None for the module)."""
-        return self.parents.get(node)
+        return self.parents.get(id(node))
 
     def ancestors(self, node: cst.CSTNode) -> Iterator[cst.CSTNode]:
         """Parents, nearest first."""
@@ -238,6 +289,41 @@ class Analyzer:
     def block_of(self, stmt: cst.CSTNode) -> cst.IndentedBlock | cst.Module:
         """The block whose body holds a statement."""
         return self.parent(stmt)
+
+    def calls_in(self, node: cst.CSTNode, attr: str) -> list[cst.Call]:
+        """Calls ``<x>.attr(...)`` (``attr=LOCAL``: calls of the script's own functions)
+        inside ``node``, not inside function definitions nested in it, in source order.
+
+        Answered from an index built once per ``attr`` (each call walks its ancestors up to
+        its function), so asking for every loop of a large script stays linear.
+        """
+        index = self._calls_index.get(attr)
+        if index is None:
+            index = self._calls_index[attr] = {}
+            if attr == LOCAL:
+                defs = self.col.defs
+                calls = [c for c in self.col.calls
+                         if isinstance(c.func, cst.Name) and c.func.value in defs]
+            else:
+                calls = self.col.attr_calls.get(attr, [])
+            for call in calls:
+                prev: cst.CSTNode = call
+                for anc in self.ancestors(call):
+                    if isinstance(anc, cst.FunctionDef):
+                        if prev is anc.body:  # not its decorators or default values
+                            index.setdefault(id(anc), []).append(call)
+                        break
+                    index.setdefault(id(anc), []).append(call)
+                    prev = anc
+        return index.get(id(node), [])
+
+    def module_level_names(self) -> set[str]:
+        """Names bound by module-level statements other than function and class definitions."""
+        if self._module_level_names is None:
+            self._module_level_names = set().union(*(
+                assigned_names(st) for st in self.module.body
+                if not isinstance(st, (cst.FunctionDef, cst.ClassDef))))
+        return self._module_level_names
 
     @staticmethod
     def is_main_guard(node: cst.CSTNode) -> bool:
@@ -318,12 +404,12 @@ class Analyzer:
                 and isinstance(stmt.body[0].targets[0].target, cst.Name):
             parser_var = stmt.body[0].targets[0].target.value
         flags = set()
-        for c in call_attr(self.module, "add_argument", nested=True):
+        for c in self.col.attr_calls.get("add_argument", []):
             for arg in c.args:
                 if isinstance(arg.value, cst.SimpleString) and arg.keyword is None:
                     flags.add(arg.value.evaluated_value)
-        parse_calls = [c for c in call_attr(self.module, "parse_args", nested=True)
-                       + call_attr(self.module, "parse_known_args", nested=True)
+        parse_calls = [c for c in self.col.attr_calls.get("parse_args", [])
+                       + self.col.attr_calls.get("parse_known_args", [])
                        if parser_var and dotted(c.func.value) == parser_var]
         if len(parse_calls) != 1:
             self.manual(call, "argparse: found the parser but not one "
@@ -706,7 +792,13 @@ class Analyzer:
 
     # --------------------------------------------------------------------- loop
     def _reaches_backward(self, node: cst.CSTNode, depth: int = 0) -> cst.Call | None:
-        calls = call_attr(node, "backward")
+        key = (id(node), depth)
+        if key not in self._backward_memo:
+            self._backward_memo[key] = self._find_backward(node, depth)
+        return self._backward_memo[key]
+
+    def _find_backward(self, node: cst.CSTNode, depth: int) -> cst.Call | None:
+        calls = self.calls_in(node, "backward")
         if calls:
             return calls[0]
         if depth > 2:
@@ -726,19 +818,8 @@ class Analyzer:
         return inner is not None and inner is not loop
 
     def _local_calls(self, node: cst.CSTNode) -> list[cst.Call]:
-        found: list[cst.Call] = []
-        defs = self.col.defs
-
-        class Visitor(cst.CSTVisitor):
-            def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-                return False
-
-            def visit_Call(self, node: cst.Call) -> None:
-                if isinstance(node.func, cst.Name) and node.func.value in defs:
-                    found.append(node)
-
-        (node.body if isinstance(node, cst.FunctionDef) else node).visit(Visitor())
-        return found
+        """Calls of the script's own functions inside ``node`` (not in nested defs)."""
+        return self.calls_in(node, LOCAL)
 
     def _loop(self) -> None:
         s = self.script
@@ -747,12 +828,14 @@ class Analyzer:
             return  # no model to grow: nothing to report a score for
         candidates = [lp for lp in self.col.loops if self.scope(lp) is scope
                       and self._reaches_backward(lp) is not None]
+        ids = {id(lp) for lp in candidates}
         outer = [lp for lp in candidates
-                 if not any(a in candidates for a in self.ancestors(lp))]
-        elsewhere = [lp for lp in self.col.loops
-                     if self.scope(lp) is not scope and self._is_epoch_loop(lp)]
-        if not outer and elsewhere:
-            loop = elsewhere[0]
+                 if not any(id(a) in ids for a in self.ancestors(lp))]
+        elsewhere = None if outer else next(
+            (lp for lp in self.col.loops
+             if self.scope(lp) is not scope and self._is_epoch_loop(lp)), None)
+        if elsewhere is not None:
+            loop = elsewhere
             self.manual(loop, f"the epoch loop is in `{self.scope(loop).name.value}()`, not "
                         f"where the optimizer is built (line {self.line(s.insert_at)}): left as "
                         "it is. Pass the controller (native) or the optimizer arguments "
@@ -817,7 +900,8 @@ class Analyzer:
         assigned: list[str] = []
         for stmt in loop.body.body:
             if isinstance(stmt, (cst.SimpleStatementLine, cst.With)):
-                for name in sorted(assigned_names(stmt), key=lambda n: code(stmt).find(n)):
+                text = code(stmt)
+                for name in sorted(assigned_names(stmt), key=text.find):
                     if name not in assigned:
                         assigned.append(name)
         site = self.script.optimizer
@@ -828,7 +912,7 @@ class Analyzer:
                 return None
             return self.score_name
         if site is not None and site.sched_var:
-            for c in call_attr(loop, "step"):
+            for c in self.calls_in(loop, "step"):
                 if dotted(c.func.value) == site.sched_var and c.args \
                         and isinstance(c.args[0].value, cst.Name) \
                         and c.args[0].value.value in assigned:
@@ -850,7 +934,7 @@ class Analyzer:
         body = list(block.body)
         zero = None
         for st in body[:body.index(bstmt)]:
-            if call_attr(st, "zero_grad"):
+            if self.calls_in(st, "zero_grad"):
                 zero = st
         func = self.scope(bstmt)
         model_name = None
@@ -872,8 +956,7 @@ class Analyzer:
         args_name = None
         ap = s.argparse
         if ap is not None and ap.args_var is not None:
-            module_level = any(ap.args_var in assigned_names(st) for st in self.module.body
-                               if not isinstance(st, (cst.FunctionDef, cst.ClassDef)))
+            module_level = ap.args_var in self.module_level_names()
             params = [p.name.value for p in func.params.params] if func else []
             if module_level or ap.args_var in params or func is s.scope or (
                     func is not None and any(a is s.scope for a in self.ancestors(func))):
@@ -898,7 +981,7 @@ class Analyzer:
                     if name:
                         names[name] = func
         for name, where in names.items():
-            for c in call_attr(where, "step"):
+            for c in self.calls_in(where, "step"):
                 if dotted(c.func.value) != name:
                     continue
                 stmt = self.statement(c)
@@ -923,8 +1006,7 @@ class Analyzer:
             s.args_visible = ap is None  # a new module-level parser is visible everywhere
             return
         params = [p.name.value for p in s.scope.params.params] if s.scope else []
-        module_level = any(ap.args_var in assigned_names(st) for st in self.module.body
-                           if not isinstance(st, (cst.FunctionDef, cst.ClassDef)))
+        module_level = ap.args_var in self.module_level_names()
         local = s.scope is not None and any(
             ap.args_var in assigned_names(st) for st in s.scope.body.body
             if not isinstance(st, (cst.FunctionDef, cst.ClassDef)))

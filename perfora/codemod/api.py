@@ -48,7 +48,7 @@ def convert_source(source: str, mode: str = "native", **options: Any) -> Convers
         return ConversionResult(source, source, mode, findings, already_converted=True)
     build = native_edits if mode == "native" else compat_edits
     edits = build(script, opts, analyzer.line)
-    output = edits.apply(script.module).code if edits else source
+    output = edits.apply(script.module, analyzer.parent).code if edits else source
     findings = sorted(script.findings, key=lambda f: (f.line, f.kind != "manual"))
     return ConversionResult(source, output, mode, findings)
 

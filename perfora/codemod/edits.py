@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import textwrap
 from collections import defaultdict
+from collections.abc import Callable
 
 import libcst as cst
 
@@ -35,19 +36,24 @@ class Edits:
         self.after: dict[int, list[cst.BaseStatement]] = defaultdict(list)
         self.replace: dict[int, list[cst.BaseStatement]] = {}
         self.drop_comments: set[int] = set()
+        self.targets: dict[int, cst.CSTNode] = {}  # the edited statements, by id
 
     def insert_before(self, stmt: cst.CSTNode, new: list[cst.BaseStatement]) -> None:
+        self.targets[id(stmt)] = stmt
         self.before[id(stmt)].extend(new)
 
     def insert_after(self, stmt: cst.CSTNode, new: list[cst.BaseStatement]) -> None:
+        self.targets[id(stmt)] = stmt
         self.after[id(stmt)].extend(new)
 
     def replace_with(self, stmt: cst.CSTNode, new: list[cst.BaseStatement]) -> None:
+        self.targets[id(stmt)] = stmt
         self.replace[id(stmt)] = list(new)
 
     def remove(self, stmt: cst.CSTNode, keep_comments: bool = True) -> None:
         """Remove a statement; its comments move to the next one unless ``keep_comments``
         is False (the caller put them elsewhere)."""
+        self.targets[id(stmt)] = stmt
         self.replace[id(stmt)] = []
         if not keep_comments:
             self.drop_comments.add(id(stmt))
@@ -55,14 +61,32 @@ class Edits:
     def __bool__(self) -> bool:
         return bool(self.before or self.after or self.replace)
 
-    def apply(self, module: cst.Module) -> cst.Module:
-        """The edited module (``module`` must be the tree the statements came from)."""
-        return module.visit(_Apply(self))
+    def apply(self, module: cst.Module,
+              parent: Callable[[cst.CSTNode], cst.CSTNode | None] | None = None) -> cst.Module:
+        """The edited module (``module`` must be the tree the statements came from).
+
+        With ``parent`` (a node's parent in ``module``), only the blocks on the way to the
+        edited statements are visited and rebuilt, not the whole tree.
+        """
+        within = None
+        if parent is not None:
+            within = set()
+            for node in self.targets.values():
+                anc = parent(node)
+                while anc is not None and id(anc) not in within:
+                    within.add(id(anc))
+                    anc = parent(anc)
+        return module.visit(_Apply(self, within))
 
 
 class _Apply(cst.CSTTransformer):
-    def __init__(self, edits: Edits) -> None:
+    def __init__(self, edits: Edits, within: set[int] | None = None) -> None:
         self.edits = edits
+        self.within = within
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        """Descend only towards the edited statements (everywhere without ``within``)."""
+        return (self.within is None or id(node) in self.within) and super().on_visit(node)
 
     def _body(self, original: list[cst.CSTNode], updated: list[cst.CSTNode]) -> list:
         out: list[cst.CSTNode] = []

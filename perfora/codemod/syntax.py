@@ -1,5 +1,5 @@
 """Small questions about libcst nodes: dotted names, source text, names read and bound,
-calls, comments, and substituting a helper's parameters by a call's arguments."""
+comments, and substituting a helper's parameters by a call's arguments."""
 
 from __future__ import annotations
 
@@ -39,25 +39,6 @@ def root_names(node: cst.CSTNode) -> set[str]:
 
     node.visit(Visitor())
     return names
-
-
-def call_attr(node: cst.CSTNode, attr: str, nested: bool = False) -> list[cst.Call]:
-    """Calls ``<something>.attr(...)`` inside ``node`` (inside nested defs if ``nested``)."""
-    found: list[cst.Call] = []
-
-    class Visitor(cst.CSTVisitor):
-        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-            return nested
-
-        def visit_Call(self, node: cst.Call) -> None:
-            if isinstance(node.func, cst.Attribute) and node.func.attr.value == attr:
-                found.append(node)
-
-    if isinstance(node, cst.FunctionDef):
-        node.body.visit(Visitor())
-    else:
-        node.visit(Visitor())
-    return found
 
 
 def inner_comments(stmt: cst.CSTNode) -> str | None:
