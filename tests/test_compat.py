@@ -133,8 +133,9 @@ def test_unknown_setting_names_the_nearest_one():
     with pytest.raises(ConfigError):  # also a ConfigError (and an AttributeError)
         GPA.pc.set_testing_dendrite_capasity(False)
     assert not hasattr(GPA.pc, "set_no_such_setting")
+    assert GPA.pc.n_epochs_to_switch == 10  # PAIConfig's attribute spelling reads it
     with pytest.raises(CompatNameError, match="get_<name>"):
-        GPA.pc.n_epochs_to_switch  # noqa: B018
+        GPA.pc.n_epoch_to_switch  # noqa: B018
 
 
 def test_bad_and_unsupported_values_are_errors_naming_the_setting():

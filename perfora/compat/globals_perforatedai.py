@@ -1,9 +1,18 @@
 """``from perfora.compat import globals_perforatedai as GPA``: the settings ``GPA.pc`` and
-the tracker ``GPA.pai_tracker`` -- the only module-level state perfora keeps."""
+the tracker ``GPA.pai_tracker`` -- the only module-level state perfora keeps.
+
+The older spelling of the settings works too: ``GPA.testing_dendrite_capacity = False`` sets
+``GPA.pc``'s value and ``GPA.testing_dendrite_capacity`` reads it (see
+:mod:`perfora.compat.legacy`); assigning any other new attribute is an error.
+"""
 
 from __future__ import annotations
 
+import sys
+from typing import Any
+
 from .conversion import PAISequential
+from .legacy import GlobalsModule, legacy_value
 from .names import missing_name_hook
 from .settings import (
     DOING_FIXED_SWITCH,
@@ -29,7 +38,18 @@ def reset() -> None:
 __all__ = ["pc", "pai_tracker", "PAISequential", "reset", "DOING_HISTORY",
            "DOING_FIXED_SWITCH", "DOING_SWITCH_EVERY_TIME", "DOING_NO_SWITCH"]
 
-__getattr__ = missing_name_hook(__name__, __all__, {
+_missing = missing_name_hook(__name__, __all__, {
     "PAIConfig": "the settings object is GPA.pc",
     "PAINeuronModuleTracker": "the tracker is GPA.pai_tracker (over perfora.GrowthController)",
 })
+
+
+def __getattr__(name: str) -> Any:
+    """An old-style setting (``GPA.max_dendrites``) reads GPA.pc; other names are errors."""
+    found, value = legacy_value(pc, name)
+    if found:
+        return value
+    return _missing(name)
+
+
+sys.modules[__name__].__class__ = GlobalsModule  # assignments of settings reach GPA.pc

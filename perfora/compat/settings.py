@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -224,9 +223,11 @@ class PAISettings:
         if kind == "run" and name == "save_name" and not isinstance(self._values[name], str):
             raise ConfigError("save_name must be a string (the run folder)")
 
-    def __getattr__(self, attr: str) -> Callable[..., Any]:
+    def __getattr__(self, attr: str) -> Any:
         if attr.startswith("_"):
             raise AttributeError(attr)
+        if attr in SETTINGS:  # GPA.pc.max_dendrites, as PerforatedAI's PAIConfig has
+            return self.get(attr)
         for prefix in _PREFIXES:
             if attr.startswith(prefix):
                 name = attr[len(prefix):]
@@ -240,6 +241,16 @@ class PAISettings:
             f"GPA.pc has no attribute {attr!r}: settings are read and written with "
             f"GPA.pc.get_<name>() and GPA.pc.set_<name>(value)"
             f"{_suggest(attr, [p + n for n in SETTINGS for p in _PREFIXES])}")
+
+    def __setattr__(self, attr: str, value: Any) -> None:
+        """``GPA.pc.max_dendrites = 3`` is ``GPA.pc.set_max_dendrites(3)``; other public
+        names are errors (an assignment perfora would never read)."""
+        if attr.startswith("_"):
+            object.__setattr__(self, attr, value)
+        elif attr in SETTINGS:
+            self.set(attr, value)
+        else:
+            raise UnknownSettingError(unknown_setting_message(attr))
 
     def __dir__(self) -> list[str]:
         return sorted(set(super().__dir__())
