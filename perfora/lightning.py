@@ -11,6 +11,8 @@ restores the best model and stops the fit. Lightning is an optional dependency
 
 from __future__ import annotations
 
+import re
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -57,6 +59,9 @@ except ImportError:  # pragma: no cover - depends on what is installed
 __all__ = ["DendriteGrowth", "PHASE_CODES"]
 
 MODES = ("min", "max")
+LOWER_IS_BETTER = re.compile(r"loss|err|mse|mae|nll|perplex|ppl", re.I)
+HIGHER_IS_BETTER = re.compile(r"acc|f1|auc|precision|recall|bleu", re.I)
+"""Metric names whose direction is clear: a loss is minimized, an accuracy maximized."""
 PHASE_CODES = {"neuron": 0, "dendrite": 1}
 """Numeric codes of the learning rule's phases, as logged in ``perfora/phase``."""
 
@@ -97,6 +102,8 @@ class DendriteGrowth(Callback):
         self.last_decision: Decision | None = None
         self._pl_module: nn.Module | None = None
         self._pending: dict[str, Any] | None = None
+        self._validations = 0  # validation ends seen in this fit (sanity check excluded)
+        self._warned_no_metric = False
 
     # ------------------------------------------------------------------ the model
     @property
@@ -138,6 +145,9 @@ class DendriteGrowth(Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
+        self._validations, self._warned_no_metric = 0, False
+        if trainer.is_global_zero:
+            self._warn_if_direction_looks_wrong()
         strategy = trainer.strategy
         self._check_strategy(strategy)
         grown_here = not dendritic_layers(self.target(pl_module))
@@ -220,6 +230,7 @@ class DendriteGrowth(Callback):
             return
         if trainer.state.fn != "fit":
             return
+        self._validations += 1
         score = self._read_monitor(trainer)
         # read-only for the controller: the learning rate in metrics.csv and history.png
         self.controller.optimizer = trainer.optimizers[0] if trainer.optimizers else None
@@ -232,6 +243,46 @@ class DendriteGrowth(Callback):
             self._log(trainer, decision)
         if decision.complete:
             trainer.should_stop = True
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Warn once when an epoch that should have validated did not: without validation
+        the callback never reads the monitored metric, so nothing ever grows."""
+        if self._validations or self._warned_no_metric or self.controller is None:
+            return
+        every = trainer.check_val_every_n_epoch
+        if every is not None and (trainer.current_epoch + 1) < every:
+            return  # no validation due yet
+        self._warned_no_metric = True
+        if not trainer.is_global_zero:
+            return
+        logged = sorted(k for k in trainer.callback_metrics if not k.startswith("perfora/"))
+        warnings.warn(
+            f"DendriteGrowth(monitor={self.monitor!r}): no validation ran by the end of epoch "
+            f"{trainer.current_epoch}, so the callback has no {self.monitor!r} to read and "
+            f"no dendrites will grow (metrics logged so far: {logged}). Growth needs the "
+            "monitored metric after every validation: pass val_dataloaders to trainer.fit "
+            "(or define val_dataloader()), keep limit_val_batches above 0, and log it in "
+            f"validation_step, e.g. self.log({self.monitor!r}, value, sync_dist=True)",
+            UserWarning, stacklevel=2)
+
+    def _warn_if_direction_looks_wrong(self) -> None:
+        """A loss maximized or an accuracy minimized keeps the worst model as the best."""
+        lower = bool(LOWER_IS_BETTER.search(self.monitor))
+        higher = bool(HIGHER_IS_BETTER.search(self.monitor))
+        if lower == higher:
+            return  # neither, or both ('acc_loss'): no opinion
+        if self.mode == "max" and lower:
+            kind, better = "a loss or an error", "min"
+        elif self.mode == "min" and higher:
+            kind, better = "an accuracy-like score", "max"
+        else:
+            return
+        warnings.warn(
+            f"DendriteGrowth(monitor={self.monitor!r}, mode={self.mode!r}): the name looks "
+            f"like {kind}, for which mode={better!r} is usual. With mode={self.mode!r} perfora "
+            f"counts a {'higher' if self.mode == 'max' else 'lower'} {self.monitor!r} as "
+            "better, so it keeps and restores the worst model; pass "
+            f"mode={better!r} unless that is what you want", UserWarning, stacklevel=2)
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.controller is not None:

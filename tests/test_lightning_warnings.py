@@ -1,0 +1,78 @@
+"""DendriteGrowth warns where a fit would silently do the wrong thing (real CPU Trainers).
+
+A monitor named like a loss with mode='max' (or an accuracy with mode='min') keeps the worst
+model as the best; a fit without validation never reads the monitor, so nothing grows.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from lightning_scripts.run_digits import DigitsNet, digits_loaders
+
+from perfora.lightning import DendriteGrowth
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def fit(tmp_path: Path, growth: DendriteGrowth, val: bool = True, max_epochs: int = 1,
+        **kw) -> pl.Trainer:
+    """One short single-device CPU fit of the digits MLP (about a second per epoch)."""
+    torch.manual_seed(0)
+    trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=max_epochs, logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, num_sanity_val_steps=0,
+                         default_root_dir=str(tmp_path), callbacks=[growth], **kw)
+    train, val_loader = digits_loaders(200)
+    trainer.fit(DigitsNet(), train, val_loader if val else None)
+    return trainer
+
+
+def ours(record: list[warnings.WarningMessage]) -> list[str]:
+    """The callback's warnings among those recorded."""
+    return [str(w.message) for w in record if "DendriteGrowth(monitor=" in str(w.message)]
+
+
+@pytest.mark.parametrize("monitor,mode,better", [("val_loss", "max", "min"),
+                                                 ("val_acc", "min", "max")])
+def test_a_direction_that_restores_the_worst_model_warns_at_setup(tmp_path, monitor, mode,
+                                                                  better):
+    growth = DendriteGrowth(monitor=monitor, mode=mode, module="net")
+    with pytest.warns(UserWarning, match=rf"mode={better!r} is usual.*worst model") as record:
+        fit(tmp_path, growth)
+    assert len(ours(record)) == 1  # once, at setup; the fit itself went on
+    assert growth.controller is not None and growth.controller.epoch == 1
+
+
+@pytest.mark.parametrize("monitor,mode", [("val_loss", "min"), ("val_acc", "max")])
+def test_the_usual_direction_does_not_warn(tmp_path, monitor, mode):
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        fit(tmp_path, DendriteGrowth(monitor=monitor, mode=mode, module="net"))
+    assert ours(record) == []
+
+
+def test_a_fit_without_validation_warns_that_nothing_can_grow(tmp_path):
+    growth = DendriteGrowth(monitor="val_acc", mode="max", module="net", switch_mode="fixed",
+                            fixed_switch_num=1)
+    expected = (r"monitor='val_acc'\): no validation ran by the end of epoch 0.*"
+                r"no dendrites will grow \(metrics logged so far: \['train_loss'\]\)")
+    with pytest.warns(UserWarning, match=expected) as record:
+        fit(tmp_path, growth, val=False, max_epochs=2)
+    assert len(ours(record)) == 1  # once per fit, not every epoch
+    assert growth.controller.epoch == 0 and growth.controller.num_dendrites == 0
+
+
+def test_limit_val_batches_zero_warns_too_and_a_late_first_validation_does_not(tmp_path):
+    growth = DendriteGrowth(monitor="val_acc", mode="max", module="net")
+    with pytest.warns(UserWarning, match="keep limit_val_batches above 0"):
+        fit(tmp_path / "a", growth, limit_val_batches=0)
+    # validation every 2nd epoch: the first epoch has none, and that is no reason to warn
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        fit(tmp_path / "b", growth, max_epochs=2, check_val_every_n_epoch=2)
+    assert ours(record) == [] and growth.controller.epoch == 1
