@@ -22,6 +22,7 @@ from .errors import (  # noqa: E402
     ScoreError,
     ShapeMismatchError,
 )
+from .export import export  # noqa: E402
 from .layers import DendriticLayer, dendritic_layers, unwrap_model  # noqa: E402
 from .resume import resume  # noqa: E402
 from .rules import LearningRule, RuleStep, register_rule  # noqa: E402
@@ -31,7 +32,8 @@ __all__ = [
     "ErrorSignalProbe", "GrowthPlan", "plan_growth",
     "__version__", "PerforaConfig", "GrowthController", "Decision", "ControllerState",
     "perforate", "describe", "resume", "ConversionReport", "DendriticLayer", "dendritic_layers",
-    "unwrap_model", "save_model", "load_model", "load_checkpoint", "LearningRule", "RuleStep",
+    "unwrap_model", "save_model", "load_model", "load_checkpoint", "export", "LearningRule",
+    "RuleStep",
     "register_rule", "PerforaError", "ConfigError", "ScoreError", "OrderError",
     "ConversionError", "CheckpointError", "ShapeMismatchError",
 ]

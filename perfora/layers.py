@@ -101,6 +101,7 @@ class DendriticLayer(nn.Module):
         self.candidate_tap: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
         self.register_buffer("dendrite_mask", None)  # (sets, neurons) bool; None: every set full
         self._index_cache: tuple | None = None
+        self._set_lists: list[list[int]] | None = None  # the mask's rows as index lists
         self.register_state_dict_post_hook(_merged_state_hook)
 
     # ------------------------------------------------------------------ structure
@@ -157,7 +158,13 @@ class DendriticLayer(nn.Module):
         """Per dendrite set, the neurons it feeds; None when every set feeds every neuron."""
         if self.dendrite_mask is None:
             return None
-        return [row.nonzero().flatten().tolist() for row in self.dendrite_mask.cpu()]
+        return [list(row) for row in self._set_lists]
+
+    def _keep_lists(self, neurons: list[list[int]] | None) -> None:
+        """Keep the mask's rows as Python index lists, so forward never reads the mask's data
+        (torch.export cannot) and the lists stay in step with the buffer."""
+        self._index_cache = None
+        self._set_lists = None if neurons is None else [list(row) for row in neurons]
 
     def supports_partial_sets(self) -> bool:
         """True when a dendrite set may feed only some neurons (Linear, ungrouped Conv)."""
@@ -168,6 +175,7 @@ class DendriticLayer(nn.Module):
         self._index_cache = None
         if neurons is None or all(n is None for n in neurons):
             self.dendrite_mask = None
+            self._keep_lists(None)
             return
         if not self.supports_partial_sets():
             raise ConversionError(f"a {self.kind} layer (groups={self._groups()}) cannot hold "
@@ -189,12 +197,14 @@ class DendriticLayer(nn.Module):
                                       f"{list(chosen)[:8]}")
             mask[row, index.to(ref.device)] = True
         self.dendrite_mask = mask
+        self._keep_lists([list(range(self.num_neurons)) if chosen is None else sorted(chosen)
+                          for chosen in neurons])
 
     def _set_sizes(self) -> list[int]:
         """Bank rows per dendrite set (neurons fed, times nothing else: groups are 1)."""
         if self.dendrite_mask is None:
             return [self.num_neurons] * self.num_dendrites
-        return [int(n) for n in self.dendrite_mask.sum(1).tolist()]
+        return [len(row) for row in self._set_lists]
 
     def _new_param(self, data: torch.Tensor, group: str) -> nn.Parameter:
         return nn.Parameter(data, requires_grad=self._trainable[group])
@@ -432,6 +442,8 @@ class DendriticLayer(nn.Module):
             # so Lightning's weight restore and ddp_spawn's copy-back keep the dendrites
             self.resize(stored, neurons)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        if neurons is not None and self.dendrite_mask is not None:
+            self._keep_lists(neurons)  # the mask just loaded
 
     def _sharded(self) -> bool:
         """True when FSDP2 made this layer's parameters DTensors (no in-place resize)."""
@@ -560,11 +572,9 @@ class DendriticLayer(nn.Module):
     def _partial_indices(self, device: torch.device) -> tuple[list, dict]:
         """Per set the fed neurons' indices, and per cascade pair (i, j) where set i's neurons
         sit in set j's padded outputs (the pad, index m_j, holds zeros). Cached."""
-        mask = self.dendrite_mask
-        key = (mask.data_ptr(), mask._version, tuple(mask.shape), device)
+        key = device
         if self._index_cache is None or self._index_cache[0] != key:
-            cpu = mask.cpu()
-            index = [row.nonzero().flatten() for row in cpu]
+            index = [torch.tensor(row, dtype=torch.long) for row in self._set_lists]
             where = {}
             for i in range(len(index)):
                 for j in range(i):

@@ -1,0 +1,162 @@
+"""perfora.export: a plain PyTorch copy of a grown model, equal in outputs, loadable without
+perfora, and accepted by torch.export and ONNX."""
+
+from __future__ import annotations
+
+import pickle
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+import perfora
+
+KINDS = {
+    "linear": (lambda: nn.Sequential(nn.Linear(5, 7), nn.Tanh(), nn.Linear(7, 3)),
+               lambda: torch.randn(4, 2, 5), {}),
+    "conv1d": (lambda: nn.Sequential(nn.Conv1d(3, 6, 3, padding=1), nn.Conv1d(6, 2, 3)),
+               lambda: torch.randn(2, 3, 9), {}),
+    "conv2d-grouped": (lambda: nn.Sequential(nn.Conv2d(4, 6, 3, groups=2, padding=1,
+                                                       padding_mode="reflect")),
+                       lambda: torch.randn(2, 4, 6, 6), {}),
+    "conv3d": (lambda: nn.Sequential(nn.Conv3d(2, 4, 2)), lambda: torch.randn(1, 2, 4, 4, 4), {}),
+    "conv+norm": (lambda: nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU()),
+                  lambda: torch.randn(2, 3, 6, 6), {"group_norms": True}),
+    "generic-last-axis": (lambda: nn.Sequential(nn.LayerNorm(6)), lambda: torch.randn(3, 6),
+                          {"types": (nn.LayerNorm,), "neuron_axes": {"LayerNorm": -1},
+                           "num_neurons": {"0": 6}}),
+    "generic-axis-1": (lambda: nn.Sequential(nn.BatchNorm1d(4)), lambda: torch.randn(3, 4, 5),
+                       {"types": (nn.BatchNorm1d,), "neuron_axes": {"BatchNorm1d": 1}}),
+}
+
+
+def _grown(kind: str, k: int, selective: bool, activation: str = "sigmoid"):
+    build, data, options = KINDS[kind]
+    torch.manual_seed(1)
+    model = perfora.perforate(build(), activation=activation, **options)
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(k):
+        for layer in perfora.dendritic_layers(model).values():
+            neurons = None
+            if selective and layer.supports_partial_sets():
+                chosen = torch.randperm(layer.num_neurons, generator=generator)
+                neurons = sorted(chosen[:max(1, layer.num_neurons // 2)].tolist())
+            layer.grow(generator, neurons=neurons)
+    with torch.no_grad():  # trained-looking v and w rows, so every dendrite counts
+        for layer in perfora.dendritic_layers(model).values():
+            for p in layer.group_parameters("out") + layer.group_parameters("cascade"):
+                p.normal_(generator=generator)
+    return model.eval(), data()
+
+
+def _needed_parameters(model: nn.Module) -> int:
+    """What the computation uses: base layers, bank rows, and per set only the fed v/w."""
+    total = 0
+    for name, p in model.named_parameters():
+        if not name.split(".")[-1] in ("out_weight", "cascade"):
+            total += p.numel()
+    for layer in perfora.dendritic_layers(model).values():
+        sets = layer.set_neurons() or [range(layer.num_neurons)] * layer.num_dendrites
+        total += sum(len(s) for s in sets)  # v: one entry per fed neuron
+        total += sum(len(sets[i]) for i in range(len(sets)) for _ in range(i))  # w rows
+    return total
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_export_equals_the_perforated_model_for_every_kind_and_k(kind):
+    for k in range(4):
+        for selective in (False, True):
+            model, x = _grown(kind, k, selective)
+            exported = perfora.export(model)
+            with torch.no_grad():
+                expected, got = model(x), exported(x)
+            assert torch.allclose(got, expected, atol=1e-6, rtol=0), (kind, k, selective)
+            classes = {type(m).__module__ for m in exported.modules()}
+            assert not any(c.startswith("perfora") for c in classes), classes
+            assert sum(p.numel() for p in exported.parameters()) == _needed_parameters(model)
+
+
+@pytest.mark.parametrize("activation", ["tanh", "relu"])
+def test_export_keeps_the_activation(activation):
+    model, x = _grown("linear", 2, False, activation)
+    with torch.no_grad():
+        assert torch.allclose(perfora.export(model)(x), model(x), atol=1e-6, rtol=0)
+
+
+def test_export_leaves_the_model_unchanged_and_its_state_dict_is_portable():
+    model, x = _grown("conv+norm", 2, True)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    first, second = perfora.export(model), perfora.export(model)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert perfora.dendritic_layers(model)  # still perforated
+    with torch.no_grad():
+        for p in second.parameters():
+            p.zero_()
+    second.load_state_dict(first.state_dict())
+    with torch.no_grad():
+        assert torch.equal(second(x), first(x))
+
+
+def test_exported_model_loads_and_runs_without_perfora(tmp_path):
+    model, x = _grown("linear", 3, True)
+    exported = perfora.export(model)
+    with torch.no_grad():
+        expected = exported(x)
+    (tmp_path / "model.pkl").write_bytes(pickle.dumps(exported))
+    torch.save(x, tmp_path / "x.pt")
+    script = (
+        "import sys, pickle, torch\n"
+        "sys.modules['perfora'] = None  # any import of perfora now fails\n"
+        f"m = pickle.loads(open({str(tmp_path / 'model.pkl')!r}, 'rb').read())\n"
+        f"x = torch.load({str(tmp_path / 'x.pt')!r})\n"
+        "with torch.no_grad():\n"
+        f"    torch.save(m(x), {str(tmp_path / 'y.pt')!r})\n")
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=120)
+    assert torch.equal(torch.load(tmp_path / "y.pt"), expected)
+
+
+def test_torch_export_works_on_the_exported_and_the_live_model():
+    model, x = _grown("conv+norm", 2, True)
+    with torch.no_grad():
+        expected = model(x)
+        for target in (perfora.export(model), model):
+            program = torch.export.export(target, (x,))
+            assert torch.allclose(program.module()(x), expected, atol=1e-6, rtol=0)
+
+
+def test_onnx_export_agrees_with_onnxruntime(tmp_path):
+    ort = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    model, x = _grown("linear", 2, True)
+    exported = perfora.export(model)
+    torch.onnx.export(exported, (x,), str(tmp_path / "m.onnx"), dynamo=True, verbose=False)
+    session = ort.InferenceSession(str(tmp_path / "m.onnx"))
+    got = session.run(None, {session.get_inputs()[0].name: x.numpy()})[0]
+    with torch.no_grad():
+        assert torch.allclose(torch.from_numpy(got), model(x), atol=1e-5, rtol=0)
+
+
+def test_export_refuses_a_routed_attention_projection_with_dendrites():
+    model = nn.Sequential(nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True))
+    perfora.perforate(model, paths=["0.self_attn.out_proj"])
+    exported = perfora.export(model)  # no dendrites yet: a plain MultiheadAttention again
+    assert type(exported[0].self_attn) is nn.MultiheadAttention
+    perfora.dendritic_layers(model)["0.self_attn.out_proj"].grow(torch.Generator())
+    with pytest.raises(perfora.ConversionError, match="out_proj.weight"):
+        perfora.export(model)
+
+
+def test_exported_transformer_runs_in_eval_without_the_fused_path_reading_weights():
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
+    model = perfora.perforate(nn.Sequential(nn.TransformerEncoder(layer, 2)))
+    for dendritic in perfora.dendritic_layers(model).values():
+        dendritic.grow(torch.Generator().manual_seed(0))
+        with torch.no_grad():
+            dendritic.out_weight.fill_(0.3)
+    model.eval()
+    x = torch.randn(2, 5, 8)
+    with torch.no_grad():
+        assert torch.allclose(perfora.export(model)(x), model(x), atol=1e-6)
