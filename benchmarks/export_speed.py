@@ -15,7 +15,6 @@ round, on one thread, by process CPU time.
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import platform
 import statistics

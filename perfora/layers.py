@@ -669,6 +669,8 @@ def unwrap_model(model: nn.Module) -> nn.Module:
             model = model.module
         elif hasattr(model, "_orig_mod") and isinstance(model._orig_mod, nn.Module):
             model = model._orig_mod
+        elif type(model).__name__ == "_FabricModule":  # Lightning Fabric's wrapper
+            model = model._original_module
         else:
             break
     return model

@@ -55,7 +55,7 @@ def _needed_parameters(model: nn.Module) -> int:
     """What the computation uses: base layers, bank rows, and per set only the fed v/w."""
     total = 0
     for name, p in model.named_parameters():
-        if not name.split(".")[-1] in ("out_weight", "cascade"):
+        if name.split(".")[-1] not in ("out_weight", "cascade"):
             total += p.numel()
     for layer in perfora.dendritic_layers(model).values():
         sets = layer.set_neurons() or [range(layer.num_neurons)] * layer.num_dendrites
