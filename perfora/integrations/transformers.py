@@ -1,0 +1,395 @@
+"""Growth inside a Hugging Face ``Trainer``: the :class:`DendriteGrowthCallback`.
+
+::
+
+    trainer = Trainer(model=model, args=args, train_dataset=..., eval_dataset=...,
+                      compute_metrics=...)
+    growth = DendriteGrowthCallback(monitor="eval_accuracy", patience=3, max_dendrites=2)
+    growth.bind(trainer)          # perforates trainer.model now, before the optimizer exists
+    trainer.train()               # or trainer.train(resume_from_checkpoint=True)
+
+After every evaluation during ``train`` the monitored metric goes to a
+:class:`~perfora.GrowthController` (averaged over ranks). When dendrites are added, the grown
+model gets a new DistributedDataParallel wrapper (``accelerator.prepare``) and a new optimizer
+and LR scheduler built by the Trainer's own ``create_optimizer`` and ``create_scheduler``; the
+scheduler keeps its position. Completion restores the best model and stops training. Every
+Trainer checkpoint gets ``perfora.safetensors`` (structure, scores, best model); a resumed run
+gives the model its saved dendrites before the Trainer loads the weights.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from ..config import PerforaConfig, nearest_name
+from ..controller import CONTINUE, Decision, GrowthController
+from ..convert import layer_specs, perforate
+from ..errors import CheckpointError, ConfigError, OrderError, PerforaError
+from ..layers import dendritic_layers, unwrap_model
+from .accelerate import _forget
+
+try:
+    from transformers import (
+        Trainer,
+        TrainerCallback,
+        TrainerControl,
+        TrainerState,
+        TrainingArguments,
+    )
+    from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
+except ImportError as exc:  # pragma: no cover - depends on what is installed
+    raise ImportError("perfora.integrations.transformers needs Hugging Face transformers: "
+                      "pip install transformers") from exc
+
+__all__ = ["DendriteGrowthCallback", "CONTROLLER_FILE", "load_grown_pretrained"]
+
+CONTROLLER_FILE = "perfora.safetensors"
+MODES = ("min", "max")
+
+
+class DendriteGrowthCallback(TrainerCallback):
+    """Grow dendrites during ``Trainer.train`` when the monitored eval metric plateaus.
+
+    ``monitor`` is a key of the evaluation metrics (``"eval_accuracy"``; the ``eval_``
+    prefix may be left out); ``None`` takes ``args.metric_for_best_model`` and
+    ``args.greater_is_better``, else ``"eval_loss"``. ``mode`` (``"min"``/``"max"``)
+    defaults as the Trainer does: ``"min"`` for a name ending in ``loss``, else ``"max"``.
+    ``patience`` counts evaluations; ``module`` is the dotted path of the submodule to
+    perforate (``None``: the whole model); ``perforate_kwargs`` go to
+    :func:`perfora.perforate`; ``config`` or keyword ``settings`` are
+    :class:`~perfora.PerforaConfig` fields. Run files go to ``run_dir`` (default
+    ``<output_dir>/perfora``; ``write_files=False``: none). Call :meth:`bind` with the
+    Trainer before ``train``.
+    """
+
+    def __init__(self, monitor: str | None = None, mode: str | None = None,
+                 patience: int = 10, max_dendrites: int = 3, *, module: str | None = None,
+                 config: PerforaConfig | None = None,
+                 perforate_kwargs: Mapping[str, Any] | None = None,
+                 run_dir: str | os.PathLike | None = None, write_files: bool = True,
+                 **settings: Any) -> None:
+        if mode is not None and mode not in MODES:
+            raise ConfigError(f"mode must be 'min' or 'max', got {mode!r}")
+        if monitor is not None and (not isinstance(monitor, str) or not monitor):
+            raise ConfigError(f"monitor must be the name of an eval metric, got {monitor!r}")
+        self.monitor, self.mode, self.module_path = monitor, mode, module
+        base = config if config is not None else PerforaConfig(save_checkpoints=False)
+        self._overrides: dict[str, Any] = {"n_epochs_to_switch": patience,
+                                           "max_dendrites": max_dendrites, **settings}
+        base.replace(**self._overrides)  # invalid settings fail here, not at bind
+        self._base_config = base
+        self.config: PerforaConfig | None = None
+        self.perforate_kwargs = dict(perforate_kwargs or {})
+        self.run_dir, self.write_files = run_dir, write_files
+        self.trainer: Trainer | None = None
+        self.controller: GrowthController | None = None
+        self.last_decision: Decision | None = None
+        self._warned_missing = False
+
+    # ------------------------------------------------------------------ binding
+    def bind(self, trainer: Trainer) -> DendriteGrowthCallback:
+        """Attach to ``trainer``: perforate its model, create the controller, add this callback.
+
+        Call it after building the Trainer and before ``train``: the optimizer is created in
+        ``train`` and must cover the dendritic layers. It also routes the training loop to
+        the newest DDP wrapper and restores the dendrite structure on resume (this Trainer
+        instance only)."""
+        if self.trainer is not None and self.trainer is not trainer:
+            raise OrderError("this DendriteGrowthCallback is already bound to another Trainer; "
+                             "create one callback per Trainer")
+        if self.trainer is trainer:
+            return self
+        _check_trainer(trainer)
+        self.monitor, self.mode = _resolve_monitor(self.monitor, self.mode, trainer.args)
+        self.config = self._base_config.replace(maximize=self.mode == "max", **self._overrides)
+        target = self.target(trainer.model)
+        if not dendritic_layers(target):
+            chosen = {"activation": self.config.activation} if self.config.activation else {}
+            perforate(target, **{**chosen, **self.perforate_kwargs})
+        run_dir = self.run_dir if self.run_dir is not None else \
+            Path(trainer.args.output_dir) / "perfora"
+        self.controller = GrowthController(target, self.config, run_dir=run_dir,
+                                           write_files=self.write_files)
+        self.trainer = trainer
+        if self not in trainer.callback_handler.callbacks:
+            trainer.add_callback(self)
+        _route_training_step(trainer)
+        self._wrap_train(trainer)
+        return self
+
+    def target(self, model: nn.Module) -> nn.Module:
+        """The module that grows: ``model`` itself or its ``module`` submodule."""
+        model = unwrap_model(model)
+        if self.module_path is None:
+            return model
+        try:
+            return model.get_submodule(self.module_path)
+        except AttributeError as exc:
+            names = [n for n, _ in model.named_children()]
+            raise ConfigError(f"DendriteGrowthCallback(module={self.module_path!r}): the model "
+                              f"has no such submodule; its children are {names}") from exc
+
+    def _wrap_train(self, trainer: Trainer) -> None:
+        """Make ``trainer.train(resume_from_checkpoint=...)`` restore the structure first."""
+        train = trainer.train
+
+        def train_with_structure(resume_from_checkpoint: str | bool | None = None,
+                                 *args: Any, **kwargs: Any) -> Any:
+            folder = resume_from_checkpoint
+            if folder is True:
+                folder = get_last_checkpoint(trainer.args.output_dir)
+            if isinstance(folder, str | os.PathLike) and folder:
+                self.restore(folder)
+            return train(resume_from_checkpoint, *args, **kwargs)
+
+        trainer.train = train_with_structure  # type: ignore[method-assign]
+
+    # ------------------------------------------------------------------ hooks
+    def on_train_begin(self, args: TrainingArguments, state: TrainerState,
+                       control: TrainerControl, **kwargs: Any) -> None:
+        if self.trainer is None:
+            raise OrderError("DendriteGrowthCallback was not bound to the Trainer: call "
+                             "growth.bind(trainer) after creating the Trainer and before "
+                             "trainer.train()")
+        self._warned_missing = False
+        self._check_optimizer_covers_model()
+
+    def on_evaluate(self, args: TrainingArguments, state: TrainerState,
+                    control: TrainerControl, metrics: Mapping[str, float] | None = None,
+                    **kwargs: Any) -> None:
+        trainer, ctl = self.trainer, self.controller
+        if trainer is None or ctl is None or ctl.completed or not trainer.is_in_train:
+            return
+        score = self._read_monitor(metrics or {})
+        if score is None:
+            return
+        optimizer = trainer.optimizer
+        # read-only for the controller: the learning rate in metrics.csv
+        ctl.optimizer = getattr(optimizer, "optimizer", optimizer)
+        decision = ctl.step(score, model=self.target(trainer.model))
+        self.last_decision = decision
+        if decision.action != CONTINUE:
+            self.rebuild(trainer)
+        if decision.complete:
+            control.should_training_stop = True
+
+    def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                **kwargs: Any) -> None:
+        if self.controller is None or not args.should_save:
+            return
+        folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
+        if not folder.is_dir():
+            warnings.warn(f"DendriteGrowthCallback: no checkpoint folder {folder} to save "
+                          "perfora's state into; a resume from it will not have the dendrites",
+                          UserWarning, stacklevel=2)
+            return
+        self.save(folder / CONTROLLER_FILE)
+
+    def on_train_end(self, args: TrainingArguments, state: TrainerState,
+                     control: TrainerControl, **kwargs: Any) -> None:
+        if self.controller is not None:
+            self.controller.finish()
+
+    # ------------------------------------------------------------------ growth
+    def rebuild(self, trainer: Trainer) -> None:
+        """New DDP wrapper, optimizer and LR scheduler over the grown model.
+
+        The optimizer and scheduler come from the Trainer's ``create_optimizer`` and
+        ``create_scheduler``; the scheduler takes the old one's state (its step count) and
+        the new optimizer the old learning rates."""
+        old_optimizer, old_scheduler = trainer.optimizer, trainer.lr_scheduler
+        old_lrs = [g["lr"] for g in old_optimizer.param_groups] if old_optimizer else None
+        scheduler_state = old_scheduler.state_dict() if old_scheduler is not None else None
+        trainer.optimizer = trainer.lr_scheduler = None
+        optimizer = trainer.create_optimizer()
+        inner = unwrap_model(trainer.model)
+        model_wrapped, optimizer = self._prepare(trainer, inner, optimizer)
+        trainer.optimizer, trainer.model_wrapped = optimizer, model_wrapped
+        max_steps = trainer.state.max_steps
+        scheduler = trainer.create_scheduler(num_training_steps=max_steps, optimizer=optimizer)
+        if scheduler_state is not None:
+            scheduler.load_state_dict(scheduler_state)
+        groups = optimizer.param_groups
+        lrs = old_lrs if old_lrs is not None and len(old_lrs) == len(groups) else \
+            _last_lrs(scheduler, len(groups))
+        for group, lr in zip(groups, lrs or [], strict=False):
+            group["lr"] = lr
+        handler = trainer.callback_handler
+        handler.model, handler.optimizer, handler.lr_scheduler = \
+            trainer.model, trainer.optimizer, trainer.lr_scheduler
+
+    def _prepare(self, trainer: Trainer, inner: nn.Module,
+                 optimizer: torch.optim.Optimizer) -> tuple[nn.Module, Any]:
+        """``accelerator.prepare`` of the grown model (a new DDP wrapper) and the optimizer;
+        the accelerator forgets the replaced ones."""
+        accelerator = trainer.accelerator
+        if isinstance(trainer.model_wrapped, nn.DataParallel):  # replicates every forward
+            _forget(accelerator, inner)
+            return trainer.model_wrapped, accelerator.prepare(optimizer)
+        _forget(accelerator, inner)
+        model, prepared = accelerator.prepare(inner, optimizer)
+        return model, prepared
+
+    def _check_optimizer_covers_model(self) -> None:
+        """The optimizer must hold the dendritic layers' parameters (created after bind)."""
+        trainer = self.trainer
+        assert trainer is not None and self.controller is not None
+        optimizer = trainer.optimizer
+        if optimizer is None:
+            return
+        held = {id(p) for g in optimizer.param_groups for p in g["params"]}
+        missing = [n for n, p in self.target(trainer.model).named_parameters()
+                   if p.requires_grad and id(p) not in held]
+        if missing:
+            raise OrderError(f"the Trainer's optimizer does not hold {missing[:3]} (of "
+                             f"{len(missing)} trainable parameters): it was created before "
+                             "growth.bind(trainer) perforated the model")
+
+    def _read_monitor(self, metrics: Mapping[str, Any]) -> float | None:
+        assert self.monitor is not None
+        key = self.monitor if self.monitor in metrics else f"eval_{self.monitor}"
+        if key not in metrics:
+            if not self._warned_missing:
+                self._warned_missing = True
+                close = nearest_name(self.monitor, list(metrics))
+                hint = f" (did you mean {close!r}?)" if close else ""
+                warnings.warn(
+                    f"DendriteGrowthCallback(monitor={self.monitor!r}) found no such metric "
+                    f"after evaluation{hint}; the metrics are {sorted(metrics)}. Nothing "
+                    "grows until it is reported: return it from compute_metrics (its keys "
+                    "get the eval_ prefix) or pass monitor=<one of them>",
+                    UserWarning, stacklevel=2)
+            return None
+        value = metrics[key]
+        return float(value.item() if isinstance(value, torch.Tensor) else value)
+
+    # ------------------------------------------------------------------ state
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the controller state, the structure and the best snapshot (no weights:
+        the Trainer saves those) to one safetensors file."""
+        ctl = self.controller
+        if ctl is None:
+            raise OrderError("save() before bind(trainer)")
+        meta: dict[str, Any] = {"structure": layer_specs(ctl.model), **ctl.state_dict()}
+        tensors: dict[str, dict[str, torch.Tensor]] = {}
+        best = ctl.best_snapshot
+        if best is not None:
+            meta["best_structure"] = best[0]
+            tensors["best"] = {k: v.detach().cpu().contiguous() for k, v in best[1].items()}
+        save_checkpoint(path, Checkpoint(tensors=tensors, meta=json.loads(json.dumps(meta))))
+
+    def restore(self, folder: str | os.PathLike) -> None:
+        """Give the model the dendrites saved in a Trainer checkpoint folder and restore the
+        controller (called by ``train(resume_from_checkpoint=...)``, before the weights load)."""
+        ctl = self.controller
+        if ctl is None:
+            raise OrderError("restore() before bind(trainer)")
+        path = Path(folder) / CONTROLLER_FILE
+        if not path.is_file():
+            raise CheckpointError(f"{folder} has no {CONTROLLER_FILE}: it was not written "
+                                  "by a Trainer with a bound DendriteGrowthCallback, so its "
+                                  "weights may not fit the perforated model")
+        ckpt = load_checkpoint(path)
+        if "structure" not in ckpt.meta:
+            raise CheckpointError(f"{path}: structure: missing")
+        ctl.match_structure(ckpt.meta["structure"])
+        ctl.load_state(ckpt.meta, ckpt.tensors.get("best"))
+
+
+def _check_trainer(trainer: Any) -> None:
+    """Refuse setups whose optimizer or wrapper perfora cannot rebuild."""
+    if not isinstance(trainer, Trainer):
+        raise ConfigError(f"bind() needs a transformers.Trainer, got {type(trainer).__name__}")
+    if getattr(trainer, "is_deepspeed_enabled", False) or \
+            getattr(trainer, "is_fsdp_enabled", False):
+        raise PerforaError("DendriteGrowthCallback supports single-device and DDP Trainer runs; "
+                           "DeepSpeed and FSDP shard the parameters, so perfora cannot add "
+                           "dendrites in place under them (use the Lightning callback for FSDP)")
+    if trainer.optimizer is not None or trainer.lr_scheduler is not None:
+        raise ConfigError("Trainer(optimizers=(...)) holds an optimizer built before perfora "
+                          "perforated the model, and perfora rebuilds the optimizer after every "
+                          "growth step with trainer.create_optimizer(): pass "
+                          "optimizer_cls_and_kwargs=(cls, kwargs) or TrainingArguments(optim=..., "
+                          "lr_scheduler_type=...) instead")
+
+
+def _resolve_monitor(monitor: str | None, mode: str | None,
+                     args: TrainingArguments) -> tuple[str, str]:
+    """(monitor, mode) following the Trainer's metric_for_best_model conventions."""
+    best = getattr(args, "metric_for_best_model", None)
+    if monitor is None:
+        monitor = best or "eval_loss"
+    if not monitor.startswith("eval_"):
+        monitor = f"eval_{monitor}"
+    if mode is None:
+        if best is not None and monitor in (best, f"eval_{best}") and \
+                args.greater_is_better is not None:
+            mode = "max" if args.greater_is_better else "min"
+        else:
+            mode = "min" if monitor.endswith("loss") else "max"
+    return monitor, mode
+
+
+def _last_lrs(scheduler: Any, count: int) -> list[float] | None:
+    lrs = getattr(scheduler, "_last_lr", None)
+    return list(lrs) if lrs is not None and len(lrs) == count else None
+
+
+def _route_training_step(trainer: Trainer) -> None:
+    """Send the training loop's steps through ``trainer.model_wrapped``.
+
+    ``Trainer._inner_training_loop`` keeps the wrapper of the start of training in a local
+    variable and passes it to ``training_step``; after a growth step that wrapper's gradient
+    buckets miss the dendrites, so each step is redirected to the newest wrapper (inside its
+    ``no_sync`` when the loop asked the old one not to synchronize)."""
+    step = trainer.training_step
+
+    def training_step(model: nn.Module, inputs: Any, *args: Any, **kwargs: Any) -> Any:
+        current = trainer.model_wrapped
+        if model is current or unwrap_model(model) is not unwrap_model(current):
+            return step(model, inputs, *args, **kwargs)
+        if not getattr(model, "require_backward_grad_sync", True) and \
+                hasattr(current, "no_sync"):
+            with current.no_sync():
+                return step(current, inputs, *args, **kwargs)
+        return step(current, inputs, *args, **kwargs)
+
+    trainer.training_step = training_step  # type: ignore[method-assign]
+
+
+def load_grown_pretrained(model: nn.Module, folder: str | os.PathLike, *,
+                          module: str | None = None, **perforate_kwargs: Any) -> nn.Module:
+    """Load a grown model saved by ``trainer.save_model(folder)`` into a fresh ``model``.
+
+    ``model`` is built from the config (``Model(config)``); it is perforated as in training
+    (the same ``module`` and ``perforate_kwargs``), takes the dendrite counts of the saved
+    tensors and loads them strictly."""
+    import safetensors.torch
+
+    folder = Path(folder)
+    target = model.get_submodule(module) if module else model
+    if not dendritic_layers(target):
+        perforate(target, **perforate_kwargs)
+    single = folder / "model.safetensors"
+    index = folder / "model.safetensors.index.json"
+    if single.is_file():
+        files = [single]
+    elif index.is_file():
+        shards = json.loads(index.read_text())["weight_map"].values()
+        files = [folder / name for name in sorted(set(shards))]
+    else:
+        raise CheckpointError(f"{folder} has neither model.safetensors nor its index")
+    state: dict[str, torch.Tensor] = {}
+    for file in files:
+        state.update(safetensors.torch.load_file(str(file), device="cpu"))
+    model.load_state_dict(state, strict=True)
+    return model

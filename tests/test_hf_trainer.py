@@ -1,0 +1,201 @@
+"""DendriteGrowthCallback in real Hugging Face Trainer runs (CPU): growth in process with
+exact outputs, a rebuilt optimizer and scheduler that keep their position, completion with
+the best model, save_model and reload, a resumed run equal to an uninterrupted one, and
+2 processes under torchrun (ranks identical; the negative control without the new wrapper
+diverges)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("transformers")
+pytest.importorskip("accelerate")
+
+import torch  # noqa: E402
+from transformers import TrainerCallback  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent / "fabric_scripts"))
+from hf_tiny import Blobs, TinyClassifier, TinyConfig, digest, make_trainer  # noqa: E402
+
+import perfora  # noqa: E402
+from perfora.integrations.transformers import (  # noqa: E402
+    CONTROLLER_FILE,
+    DendriteGrowthCallback,
+    load_grown_pretrained,
+)
+
+SCRIPT = Path(__file__).parent / "fabric_scripts" / "train_hf_trainer.py"
+EPOCHS = 30
+PROBE = Blobs(32, 9).x
+
+
+def _growth() -> DendriteGrowthCallback:
+    return DendriteGrowthCallback(monitor="eval_accuracy", patience=2, max_dendrites=2, seed=0,
+                                  dendrite_init="default", write_files=False)
+
+
+class Probe(TrainerCallback):
+    """Records, at every evaluation, the model's outputs on fixed inputs and the optimizer."""
+
+    def __init__(self) -> None:
+        self.trainer: Any = None
+        self.rows: list[dict[str, Any]] = []
+
+    def on_evaluate(self, args, state, control, **kwargs) -> None:
+        trainer = self.trainer
+        with torch.no_grad():
+            out = trainer.model(PROBE).logits.clone()
+        opt = trainer.optimizer
+        held = {id(p) for g in opt.param_groups for p in g["params"]}
+        self.rows.append({
+            "out": out, "lr": [g["lr"] for g in opt.param_groups],
+            "optimizer": opt, "scheduler_steps": trainer.lr_scheduler.last_epoch,
+            "step": state.global_step,
+            "covers": all(id(p) in held for p in trainer.model.parameters())})
+
+
+@pytest.fixture(scope="module")
+def grown(tmp_path_factory) -> dict[str, Any]:
+    """One run that grows two sets and completes, with a checkpoint every epoch."""
+    out = tmp_path_factory.mktemp("grown")
+    trainer = make_trainer(str(out), epochs=EPOCHS, save=True)
+    before, after = Probe(), Probe()
+    before.trainer = after.trainer = trainer
+    trainer.add_callback(before)  # runs before the growth callback, `after` after it
+    growth = _growth().bind(trainer)
+    trainer.add_callback(after)
+    trainer.train()
+    return {"trainer": trainer, "growth": growth, "before": before.rows,
+            "after": after.rows, "out": out, "digest": digest(trainer.model)}
+
+
+def test_grows_exactly_rebuilds_the_optimizer_and_stops_with_the_best(grown):
+    trainer, ctl = grown["trainer"], grown["growth"].controller
+    events = [row["event"] for row in ctl.state.history]
+    assert events.count("restructure") == 2 and events[-1] == "complete"
+    assert trainer.state.global_step < trainer.state.max_steps  # stopped early
+    for row, pre, post in zip(ctl.state.history, grown["before"], grown["after"],
+                              strict=True):
+        if row["event"] != "restructure":
+            continue
+        assert torch.equal(pre["out"], post["out"])  # the new dendrites change nothing yet
+        assert post["optimizer"] is not pre["optimizer"] and post["covers"]
+        assert post["lr"] == pre["lr"]  # the schedule goes on where it was
+        assert post["scheduler_steps"] == pre["scheduler_steps"] == pre["step"]
+    assert grown["after"][-1]["covers"]  # rebuilt after the completion's rewind too
+    # completion restored the best model: its weights and its score
+    structure, best = ctl.best_snapshot
+    state = trainer.model.state_dict()
+    assert all(torch.equal(state[k], v) for k, v in best.items())
+    epochs = ctl.epoch
+    assert trainer.evaluate()["eval_accuracy"] == ctl.best_score
+    assert ctl.epoch == epochs  # an evaluation outside train() is not a growth step
+
+
+def test_save_model_and_reload_a_grown_model(grown, tmp_path):
+    trainer = grown["trainer"]
+    original = trainer.model
+    had = original.head.num_dendrites
+    model = copy.deepcopy(original)
+    model.head.grow(torch.Generator().manual_seed(3))  # one more set, with real weights
+    with torch.no_grad():
+        model.head.out_weight.normal_()
+    trainer.model = model
+    try:
+        trainer.save_model(str(tmp_path))
+    finally:
+        trainer.model = original
+    assert (tmp_path / "model.safetensors").is_file()
+    fresh = load_grown_pretrained(TinyClassifier(TinyConfig()), tmp_path)
+    counts = {k: v.num_dendrites for k, v in perfora.dendritic_layers(fresh).items()}
+    assert counts == {k: v.num_dendrites for k, v in perfora.dendritic_layers(model).items()}
+    assert counts["head"] == had + 1
+    with torch.no_grad():
+        assert torch.equal(fresh(PROBE).logits, model(PROBE).logits)
+
+
+@pytest.mark.parametrize("after_growth", [0, 1])
+def test_resume_equals_the_uninterrupted_run(grown, tmp_path, after_growth):
+    """Resume from the checkpoint written at the first growth step (an empty new
+    optimizer) or one epoch later (Adam moments of the grown model)."""
+    ctl = grown["growth"].controller
+    epoch = ctl.state.switch_epochs[0] + after_growth
+    step = grown["before"][epoch - 1]["step"]
+    folder = grown["out"] / f"checkpoint-{step}"
+    assert (folder / CONTROLLER_FILE).is_file()
+    trainer = make_trainer(str(tmp_path), epochs=EPOCHS, save=True)
+    growth = _growth().bind(trainer)
+    trainer.train(resume_from_checkpoint=str(folder))
+    assert [r["event"] for r in growth.controller.state.history] == \
+        [r["event"] for r in ctl.state.history]
+    assert growth.controller.state.history[-1]["val_score"] == \
+        ctl.state.history[-1]["val_score"]
+    assert digest(trainer.model) == grown["digest"]
+
+
+def test_monitor_defaults_follow_the_trainer_and_a_missing_one_warns(tmp_path):
+    trainer = make_trainer(str(tmp_path), epochs=1, metric_for_best_model="accuracy")
+    growth = DendriteGrowthCallback().bind(trainer)
+    assert (growth.monitor, growth.mode) == ("eval_accuracy", "max")
+    plain = DendriteGrowthCallback().bind(make_trainer(str(tmp_path), epochs=1))
+    assert (plain.monitor, plain.mode) == ("eval_loss", "min")
+    missing = make_trainer(str(tmp_path), epochs=1)
+    DendriteGrowthCallback(monitor="eval_f1").bind(missing)
+    with pytest.warns(UserWarning, match=r"eval_f1.*'eval_accuracy', 'eval_loss'"):
+        missing.train()
+
+
+def test_clear_errors_for_setups_it_cannot_grow(tmp_path):
+    unbound = make_trainer(str(tmp_path), epochs=1)
+    unbound.add_callback(DendriteGrowthCallback())
+    with pytest.raises(perfora.OrderError, match=r"growth.bind\(trainer\)"):
+        unbound.train()
+    model = TinyClassifier(TinyConfig())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    given = make_trainer(str(tmp_path), epochs=1)
+    given.optimizer = opt  # as Trainer(optimizers=(opt, None)) sets it
+    with pytest.raises(perfora.ConfigError, match="optimizer_cls_and_kwargs"):
+        DendriteGrowthCallback().bind(given)
+    with pytest.raises(perfora.ConfigError, match="children"):
+        DendriteGrowthCallback(module="body").bind(make_trainer(str(tmp_path), epochs=1))
+
+
+def _launch(out: Path, *extra: str) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         str(SCRIPT), str(out), *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True)
+
+
+def _results(out: Path, proc: subprocess.Popen) -> list[dict]:
+    try:
+        log, _ = proc.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    assert proc.returncode == 0, log[-3000:]
+    return [json.loads((out / f"result_{rank}.json").read_text()) for rank in range(2)]
+
+
+@pytest.mark.timeout(300)
+def test_ddp_ranks_identical_after_growth_and_diverge_without_the_new_wrapper(tmp_path):
+    good, stale = _launch(tmp_path / "good"), _launch(tmp_path / "stale", "--stale")
+    ranks = _results(tmp_path / "good", good)
+    assert ranks[0]["actions"].count("restructure") == 2 and ranks[0]["dendrites"] == 2
+    assert ranks[0]["actions"] == ranks[1]["actions"]
+    assert ranks[0]["digest"] == ranks[1]["digest"]  # every tensor, bit for bit
+    assert ranks[0]["ddp"] and ranks[0]["ddp_covers_model"]
+    assert ranks[0]["models_held"] == ranks[0]["optimizers_held"] == 1
+    control = _results(tmp_path / "stale", stale)  # the first wrapper kept: ranks diverge
+    assert control[0]["actions"].count("restructure") == 2
+    assert not control[0]["ddp_covers_model"]
+    assert control[0]["digest"] != control[1]["digest"]
