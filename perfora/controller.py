@@ -29,10 +29,19 @@ from .checkpoint import (
     Checkpoint,
     atomic_write_bytes,
     encode_checkpoint,
+    fit_structure,
     load_checkpoint,
     load_state_into,
+    rehearse_load,
     save_checkpoint,
+    shadow_copy,
     to_storable,
+)
+from .checkpoint_schema import (
+    check_like,
+    validate_controller_state,
+    validate_rule_state,
+    validate_structure,
 )
 from .config import PerforaConfig
 from .convert import layer_specs, rebuild_structure
@@ -755,12 +764,15 @@ class GrowthController:
         """Give the model a saved dendrite structure before its weights are loaded elsewhere.
 
         Under FSDP2 the model is unsharded, resized and sharded again (a collective); the
-        returned model replaces the old one. The new dendrites hold zeros until the load."""
+        returned model replaces the old one. The new dendrites hold zeros until the load.
+        A structure that is malformed or does not fit raises CheckpointError before the
+        model changes."""
+        specs = validate_structure(specs, "structure")
+        shadow = None if self._fsdp2() else shadow_copy(self.model)
+        if shadow is not None:
+            fit_structure(shadow, specs, "the saved structure does not fit this model")
         self._unshard()
-        try:
-            rebuild_structure(self.model, specs)
-        except ConversionError as exc:
-            raise CheckpointError(f"the saved structure does not fit this model: {exc}") from exc
+        fit_structure(self.model, specs, "the saved structure does not fit this model")
         self.state.num_dendrites = self._layer_dendrites()
         self.rule.apply(self._layers())
         self._sync_structure()
@@ -777,14 +789,31 @@ class GrowthController:
 
         For frameworks that restore the weights themselves (Lightning): the model must
         already have the saved structure. ``meta`` is :meth:`state_dict` plus
-        ``best_structure``; ``best`` the best snapshot's tensors."""
-        if "controller" not in meta:
+        ``best_structure``; ``best`` the best snapshot's tensors. Everything is checked
+        first: a state that is malformed or does not fit raises CheckpointError and leaves
+        the controller as it was."""
+        if not isinstance(meta, Mapping) or "controller" not in meta:
             raise CheckpointError("the saved perfora state has no controller entry")
-        self.state = ControllerState.from_dict(meta["controller"])
-        self.rule.load_state_dict(meta.get("rule", {}), self._layers())
+        state = _checked_state(meta["controller"])
+        rule_state = meta.get("rule", {})
+        best_structure = meta.get("best_structure")
+        try:
+            validate_rule_state(rule_state, structure=layer_specs(self.model))
+            if best_structure is not None:
+                best_structure = validate_structure(best_structure, "best_structure")
+        except CheckpointError as exc:
+            raise CheckpointError(f"the saved perfora state: {exc}") from None
+        shadow = None if self._fsdp2() else shadow_copy(self.model)
+        if shadow is not None:
+            _rehearse_rule(shadow, self.config, rule_state, "the saved perfora state")
+            if best is not None and best_structure is not None:
+                fit_structure(shadow, best_structure, "the saved best structure")
+                rehearse_load(shadow, best, "the saved best snapshot")
+        self.state = state
+        self.rule.load_state_dict(rule_state, self._layers())
         self._best, self._best_unsaved = None, False
-        if best is not None and meta.get("best_structure") is not None:
-            self._best = (dict(meta["best_structure"]), dict(best))
+        if best is not None and best_structure is not None:
+            self._best = (dict(best_structure), dict(best))
         if self._report is not None:
             self._report._columns = None
             self._report.write_metrics(self.state.history)
@@ -805,23 +834,35 @@ class GrowthController:
 
         A bare name (``"latest"``, ``"best"``, ``"switch_3"``) is looked up in ``run_dir``.
         Register the optimizer (and scheduler) before loading so their state is restored.
+        The file is checked and the load rehearsed on a weightless copy of the model first:
+        a file that is corrupt or does not fit raises CheckpointError (ShapeMismatchError)
+        and leaves the model, controller and optimizer as they were.
         """
         path = Path(path_or_name)
         if not path.suffix and self.run_dir is not None and not path.exists():
             path = self.checkpoint_path(str(path_or_name))
         barrier()  # rank 0 may still be writing the file the other ranks read
-        ckpt = load_checkpoint(path)
+        return self._load_checkpoint(load_checkpoint(path), path)
+
+    def _load_checkpoint(self, ckpt: Checkpoint, path: Path, rehearsed: bool = False
+                         ) -> Decision:
+        """Apply a loaded (header-checked) checkpoint; see :meth:`load`."""
         meta = ckpt.meta
         if "controller" not in meta:
             raise CheckpointError(f"{path} holds a model but no controller state; use "
                                   "perfora.load_model() for weights only")
+        if "structure" not in meta:
+            raise CheckpointError(f"{path}: structure: missing")
+        state = _checked_state(meta["controller"], str(path))
+        use_optimizer = self._optimizer_recipe is not None and not self._user_optimizer
+        if not rehearsed and not self._fsdp2():
+            rehearse_checkpoint(self.model, ckpt, str(path), self.config,
+                                self._optimizer_recipe if use_optimizer else None,
+                                self._scheduler_recipe)
         self._unshard()
-        try:
-            rebuild_structure(self.model, meta["structure"])
-        except ConversionError as exc:
-            raise CheckpointError(f"{path}: {exc}") from exc
+        fit_structure(self.model, meta["structure"], str(path))
         load_state_into(self.model, ckpt.tensors.get("model", {}), str(path))
-        self.state = ControllerState.from_dict(meta["controller"])
+        self.state = state
         self.state.num_dendrites = self._layer_dendrites()  # "best" may hold fewer than the run
         self.rule.load_state_dict(meta.get("rule", {}), self._layers())
         self._best, self._best_unsaved = None, False
@@ -849,6 +890,187 @@ class GrowthController:
         return Decision(RESTRUCTURE, f"loaded {path.name}", self.model, self.optimizer,
                         self.scheduler, self.state.epoch, self.state.num_dendrites,
                         self.rule.phase)
+
+
+def _checked_state(data: Any, source: str = "the saved perfora state") -> ControllerState:
+    """A ControllerState from checked JSON (CheckpointError naming the field otherwise)."""
+    try:
+        return ControllerState.from_dict(validate_controller_state(data))
+    except CheckpointError as exc:
+        raise CheckpointError(f"{source}: {exc}") from None
+
+
+def _rehearse_rule(shadow: nn.Module, config: PerforaConfig, state: Mapping[str, Any],
+                   source: str) -> bool:
+    """Load a rule state into a fresh rule bound to a shadow model (CheckpointError if it
+    does not fit); False when the rule needs weights the shadow does not hold."""
+    rule = make_rule(config.rule, config)
+    rule.bind_model(shadow)
+    try:
+        rule.load_state_dict(state, dendritic_layers(shadow))
+    except NotImplementedError:
+        return False  # it read a weightless (meta) tensor: the real load will tell
+    except (TypeError, ValueError, KeyError, IndexError, AttributeError, RuntimeError) as exc:
+        if "meta" in str(exc):
+            return False
+        raise CheckpointError(f"{source}: rule: the saved state of rule {config.rule!r} does "
+                              f"not fit this model ({exc})") from exc
+    return True
+
+
+def rehearse_checkpoint(model: nn.Module, ckpt: Checkpoint, source: str, config: PerforaConfig,
+                        optimizer: OptimizerRecipe | None = None,
+                        scheduler: SchedulerRecipe | None = None,
+                        activation: str | None = None) -> None:
+    """Everything a controller load does, done on a weightless copy of ``model`` first.
+
+    Raises CheckpointError (ShapeMismatchError) where the real load would fail half-way:
+    the structure, the weights, the rule state, the optimizer and scheduler state, and the
+    best snapshot are each fitted to the copy. Does nothing for models that cannot be
+    copied (sharded ones): then the file's own checks are all that runs first."""
+    meta = ckpt.meta
+    shadow = shadow_copy(model)
+    if shadow is None:
+        return
+    fit_structure(shadow, meta["structure"], source)
+    if activation is not None:
+        try:
+            _apply_activation(dendritic_layers(shadow), activation)
+        except ConversionError as exc:
+            raise CheckpointError(f"{source}: {exc}") from exc
+    rehearse_load(shadow, ckpt.tensors.get("model", {}), source)
+    ruled = _rehearse_rule(shadow, config, meta.get("rule", {}), source)
+    if optimizer is not None and ruled:  # (the trainable flags come from the rule)
+        _rehearse_optimizer(shadow, ckpt, source, config, optimizer, scheduler)
+    if "best" in ckpt.tensors:
+        fit_structure(shadow, meta["best_structure"], f"{source} (best_structure)")
+        rehearse_load(shadow, ckpt.tensors["best"], f"{source} (best snapshot)")
+
+
+def _rehearse_optimizer(shadow: nn.Module, ckpt: Checkpoint, source: str,
+                        config: PerforaConfig, optimizer: OptimizerRecipe,
+                        scheduler: SchedulerRecipe | None) -> None:
+    """Load the saved optimizer and scheduler state into fresh ones over the shadow model,
+    then take one step with zero gradients (on the meta device: no memory, no values).
+
+    Where a fresh optimizer can step on the meta device (Adam, SGD...), a saved state that
+    would break the first real step (a missing key, a moment of another shape or dtype)
+    is refused now; the others get the checks ``load_state_dict`` does."""
+    meta = ckpt.meta
+
+    def refuse(exc: Exception, what: str = "optimizer") -> CheckpointError:
+        return CheckpointError(f"{source}: the {what} state does not fit the {what} "
+                               f"registered now ({exc}); register the same {what} class and "
+                               "arguments as the saved run")
+
+    def fresh() -> Any:
+        try:
+            return optimizer.build(shadow)
+        except Exception:  # e.g. fused=True wants real devices: the real build will say
+            return None
+
+    for p in shadow.parameters():
+        if p.requires_grad:
+            p.grad = torch.zeros_like(p)
+    reference = fresh()
+    if reference is None:
+        return
+    can_step = _meta_step(reference)
+    opt = fresh()
+    if "optimizer" in meta:
+        saved = join_optimizer_state(ckpt.tensors.get("optimizer", {}), meta["optimizer"])
+        saved_ids = [i for group in saved["param_groups"] for i in group["params"]]
+        params = [p for group in opt.param_groups for p in group["params"]]
+        real = {i for i, p in zip(saved_ids, params, strict=False) if p.device.type != "meta"}
+        saved["state"] = {idx: {k: _weightless(v, idx in real) for k, v in entry.items()}
+                          for idx, entry in saved["state"].items()}
+        try:
+            for i, (group, own) in enumerate(zip(saved["param_groups"], opt.param_groups,
+                                                 strict=False)):
+                check_like({k: v for k, v in group.items() if k != "params"},
+                           {k: v for k, v in own.items() if k != "params"},
+                           f"optimizer.param_groups[{i}]", strict_keys=False)
+            _check_hyperparameters(opt, saved["param_groups"])
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                opt.load_state_dict(saved)
+        except (ValueError, KeyError, TypeError, CheckpointError) as exc:
+            raise refuse(exc) from exc
+        for i, (group, own) in enumerate(zip(opt.param_groups, reference.param_groups,
+                                             strict=True)):
+            missing = sorted(set(own) - set(group))
+            if missing:
+                raise refuse(CheckpointError(f"optimizer.param_groups[{i}].{missing[0]}: "
+                                             "missing"))
+        if can_step:
+            try:
+                _meta_step(opt, strict=True)
+            except Exception as exc:
+                raise refuse(exc) from exc
+    if scheduler is None or meta.get("scheduler") is None:
+        return
+    try:
+        sched = scheduler.build(opt)
+    except Exception:  # the real build raises the same error, with the real model
+        return
+    try:
+        check_like(meta["scheduler"], sched.state_dict(), "scheduler")
+        sched.load_state_dict(copy.deepcopy(meta["scheduler"]))
+        if can_step:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                step_scheduler(sched, 0.0, config.maximize)
+    except Exception as exc:
+        raise refuse(exc, "scheduler") from exc
+
+
+_DEVICE_FLAGS = ("fused", "foreach", "capturable", "differentiable")
+
+
+def _check_hyperparameters(opt: torch.optim.Optimizer, groups: list[dict[str, Any]]) -> None:
+    """Each saved param group's hyperparameters pass the optimizer's own constructor checks
+    (Adam: 0 <= betas < 1, eps >= 0...), which ``load_state_dict`` skips."""
+    keys = set(opt.defaults) - set(_DEVICE_FLAGS)
+
+    def build(group: Mapping[str, Any]) -> None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            type(opt)([torch.empty(1, device="meta", requires_grad=True)],
+                      **{k: v for k, v in group.items() if k in keys})
+
+    try:
+        build(opt.param_groups[0])
+    except Exception:  # this optimizer cannot be built that way: load_state_dict's checks
+        return
+    for i, group in enumerate(groups):
+        try:
+            build(group)
+        except (ValueError, TypeError, RuntimeError) as exc:
+            raise CheckpointError(f"optimizer.param_groups[{i}]: {exc}") from exc
+
+
+def _weightless(value: Any, real: bool) -> Any:
+    """A saved optimizer value for the rehearsal: tensors as meta tensors (no memory), except
+    one-element ones (step counts) and those of parameters the shadow holds for real (``v``),
+    which are cloned, since a rehearsal step changes them in place."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    if real or value.numel() <= 1:
+        return value.clone()
+    return torch.empty_like(value, device="meta")
+
+
+def _meta_step(opt: torch.optim.Optimizer, strict: bool = False) -> bool:
+    """One step of an optimizer over meta parameters; False where that cannot run at all."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            opt.step()
+    except Exception:
+        if strict:
+            raise
+        return False
+    return True
 
 
 def _apply_activation(layers: Mapping[str, Any], activation: str | None) -> None:

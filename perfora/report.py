@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .checkpoint import atomic_write_bytes, atomic_write_text
+from .checkpoint import append_text, atomic_write_bytes, atomic_write_text, remove_stale_temp_files
 
 METRIC_COLUMNS = ["epoch", "phase", "dendrites", "val_score", "running_score", "test_score",
                   "lr", "params", "seconds", "event"]
@@ -26,12 +26,17 @@ def _fmt(value: Any) -> Any:
 
 
 class RunReport:
-    """Writes the tables and graph of one run under ``run_dir`` (rank 0 only)."""
+    """Writes the tables and graph of one run under ``run_dir`` (rank 0 only).
+
+    Opening the folder removes temp files that killed writes left there. Every file is
+    written as a temp file renamed over the target, or appended to without following a
+    symlink, so a symlink planted in the folder never redirects a write."""
 
     def __init__(self, run_dir: str | Path) -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._columns: list[str] | None = None
+        self.removed_temp_files = remove_stale_temp_files(self.run_dir)
 
     @property
     def metrics_path(self) -> Path:
@@ -47,18 +52,21 @@ class RunReport:
                 columns += [k for k in row if k not in columns]
         else:  # only the new row can add a column: O(1) per epoch, not O(epochs)
             columns = self._columns + [k for k in history[-1] if k not in self._columns]
-        if columns != self._columns or not self.metrics_path.exists():
+        if columns == self._columns and self.metrics_path.exists():
             buf = io.StringIO()
             writer = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore")
-            writer.writeheader()
-            for row in history:
-                writer.writerow({k: _fmt(row.get(k)) for k in columns})
-            atomic_write_text(self.metrics_path, buf.getvalue())
-            self._columns = columns
-            return
-        with self.metrics_path.open("a", newline="") as handle:
-            writer = csv.DictWriter(handle, fieldnames=columns, extrasaction="ignore")
             writer.writerow({k: _fmt(history[-1].get(k)) for k in columns})
+            if append_text(self.metrics_path, buf.getvalue()):
+                return
+            # not a regular file any more (a symlink was planted): rewrite it in place of
+            # the link, never through it
+        buf = io.StringIO()
+        writer = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore")
+        writer.writeheader()
+        for row in history:
+            writer.writerow({k: _fmt(row.get(k)) for k in columns})
+        atomic_write_text(self.metrics_path, buf.getvalue())
+        self._columns = columns
 
     def write_arch_table(self, rows: Sequence[Mapping[str, Any]]) -> None:
         """best_arch_scores.csv: one row per architecture (dendrite count)."""
@@ -70,6 +78,7 @@ class RunReport:
         atomic_write_text(self.run_dir / "best_arch_scores.csv", buf.getvalue())
 
     def write_run_json(self, info: Mapping[str, Any]) -> None:
+        """run.json: versions and settings of the run."""
         atomic_write_text(self.run_dir / "run.json", json.dumps(info, indent=2, default=str))
 
     def draw_history(self, history: Sequence[Mapping[str, Any]],
