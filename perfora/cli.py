@@ -38,7 +38,9 @@ def _launch(args: argparse.Namespace) -> int:
         settings = LaunchSettings(
             script=args.script, script_args=script_args, nproc_per_node=args.nproc_per_node,
             save_name=args.save_name, init=args.init, max_failures=args.max_failures,
-            max_restarts=args.max_restarts, attempt_timeout=args.attempt_timeout)
+            max_restarts=args.max_restarts, attempt_timeout=args.attempt_timeout,
+            nnodes=args.nnodes, node_rank=args.node_rank, master_addr=args.master_addr,
+            master_port=args.master_port)
     except ConfigError as exc:
         print(f"perfora launch: error: {exc}", file=sys.stderr)
         return 2
@@ -111,6 +113,14 @@ def build_parser() -> argparse.ArgumentParser:
                         help="restarts after restructures before giving up (default 100)")
     launch.add_argument("--attempt-timeout", type=float, default=None, metavar="SECONDS",
                         help="stop an attempt that runs longer and count it as a failure")
+    launch.add_argument("--nnodes", type=_at_least(1), default=1,
+                        help="nodes in the job; run perfora launch on each (default 1)")
+    launch.add_argument("--node-rank", "--node_rank", type=_at_least(0), default=0,
+                        help="this node's index, 0 on the node at --master-addr")
+    launch.add_argument("--master-addr", "--master_addr", default=None, metavar="ADDR",
+                        help="node 0's address, reachable from every node (--nnodes > 1)")
+    launch.add_argument("--master-port", "--master_port", type=_at_least(1, 65535),
+                        default=None, metavar="PORT", help="a free port on node 0")
     launch.add_argument("script", help="the training script (.py)")
     launch.add_argument("script_args", nargs=argparse.REMAINDER,
                         help="arguments for the script")

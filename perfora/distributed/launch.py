@@ -58,12 +58,25 @@ class LaunchSettings:
     attempt_timeout: float | None = None
     python: str = sys.executable
     torchrun_args: list[str] = field(default_factory=list)
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str | None = None
+    master_port: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.nproc_per_node, bool) or not isinstance(self.nproc_per_node, int) \
                 or self.nproc_per_node < 1:
             raise ConfigError(f"--nproc-per-node must be a positive integer, got "
                               f"{self.nproc_per_node!r}")
+        if self.nnodes < 1 or not 0 <= self.node_rank < self.nnodes:
+            raise ConfigError(f"--node-rank must be in [0, --nnodes={self.nnodes}), got "
+                              f"{self.node_rank}")
+        if self.nnodes > 1 and (not self.master_addr or self.master_port is None):
+            raise ConfigError("with --nnodes > 1 give --master-addr and --master-port: the "
+                              "address of node 0 (reachable from every node) and a free port "
+                              "there; every node runs perfora launch with the same values")
+        if self.master_port is not None and not 0 < self.master_port < 65536:
+            raise ConfigError(f"--master-port must be in 1..65535, got {self.master_port}")
         if self.max_failures < 0:
             raise ConfigError(f"--max-failures must be >= 0, got {self.max_failures}")
         if self.max_restarts < 0:
@@ -157,8 +170,15 @@ def init_command(settings: LaunchSettings) -> list[str]:
 
 
 def torchrun_command(settings: LaunchSettings) -> list[str]:
-    """One training attempt: a fresh standalone torchrun (new rendezvous, new port)."""
-    return [settings.python, "-m", "torch.distributed.run", "--standalone",
+    """One training attempt: a fresh torchrun, standalone on one node (new rendezvous, new
+    port), or with static rendezvous on node 0's address across nodes."""
+    if settings.nnodes > 1:
+        rendezvous = [f"--nnodes={settings.nnodes}", f"--node-rank={settings.node_rank}",
+                      f"--master-addr={settings.master_addr}",
+                      f"--master-port={settings.master_port}"]
+    else:
+        rendezvous = ["--standalone"]
+    return [settings.python, "-m", "torch.distributed.run", *rendezvous,
             f"--nproc-per-node={settings.nproc_per_node}", "--max-restarts=0",
             *settings.torchrun_args, settings.script, *settings.script_args,
             LOAD_FLAG, settings.save_name]
@@ -251,7 +271,9 @@ def _restart_loop(settings: LaunchSettings, say: Callable[[str], None]) -> Launc
             before = folder_fingerprint(folder)
             cmd = torchrun_command(settings)
             resume = newest_switch(folder)
-            say(f"attempt {number}: starting {settings.nproc_per_node} rank(s)"
+            node = f" on node {settings.node_rank} of {settings.nnodes}" \
+                if settings.nnodes > 1 else ""
+            say(f"attempt {number}: starting {settings.nproc_per_node} rank(s){node}"
                 + (f", newest checkpoint switch_{resume}" if resume is not None
                    else ", no switch_N checkpoint yet"))
             say(f"attempt {number}: {' '.join(cmd)}")

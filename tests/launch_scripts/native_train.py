@@ -90,8 +90,10 @@ while True:
     epoch = controller.epoch + 1
     net.train()
     order = torch.randperm(len(x_train), generator=torch.Generator().manual_seed(epoch))
-    for step, idx in enumerate(order.split(16)):
-        if attempt == 1 and rank == kill_rank and epoch == kill_epoch and step == 4:
+    batches = order.split(16)
+    for step, idx in enumerate(batches):
+        if attempt == 1 and rank == kill_rank and epoch == kill_epoch \
+                and step == len(batches) // 2:  # halfway through the epoch
             os.kill(os.getpid(), signal.SIGKILL)
         optimizer.zero_grad()
         nn.functional.mse_loss(net(x_train[idx]), y_train[idx]).backward()
