@@ -8,6 +8,7 @@ __version__ = "0.1.0"
 
 from typing import TYPE_CHECKING, Any  # noqa: E402
 
+from .adapter import load_dendrites, save_dendrites  # noqa: E402
 from .candidates import GrowthPlan, plan_growth  # noqa: E402
 from .checkpoint import load_checkpoint, load_model, save_model  # noqa: E402
 from .config import PerforaConfig  # noqa: E402
@@ -32,7 +33,8 @@ __all__ = [
     "ErrorSignalProbe", "GrowthPlan", "plan_growth",
     "__version__", "PerforaConfig", "GrowthController", "Decision", "ControllerState",
     "perforate", "describe", "resume", "ConversionReport", "DendriticLayer", "dendritic_layers",
-    "unwrap_model", "save_model", "load_model", "load_checkpoint", "export", "LearningRule",
+    "unwrap_model", "save_model", "load_model", "load_checkpoint", "export",
+    "save_dendrites", "load_dendrites", "LearningRule",
     "RuleStep",
     "register_rule", "PerforaError", "ConfigError", "ScoreError", "OrderError",
     "ConversionError", "CheckpointError", "ShapeMismatchError",
