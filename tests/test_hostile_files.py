@@ -3,10 +3,12 @@ cannot redirect, durable writes, stale temp files removed (issue 12, items 4 and
 
 from __future__ import annotations
 
+import atexit
 import copy
 import json
 import math
 import os
+import shutil
 import struct
 import tempfile
 import time
@@ -491,6 +493,7 @@ def hostile_file(data: st.DataObject) -> bytes:
 
 
 FUZZ_DIR = Path(tempfile.mkdtemp(prefix="perfora-fuzz-"))
+atexit.register(shutil.rmtree, FUZZ_DIR, ignore_errors=True)
 
 
 def fuzz_one(data: st.DataObject) -> str:
