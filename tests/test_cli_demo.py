@@ -23,7 +23,8 @@ def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
 @pytest.mark.timeout(300)
 def test_demo_json_reports_three_arms_and_writes_run_files(tmp_path: Path) -> None:
     out = tmp_path / "runs"
-    proc = _run(["demo", "--json", "--seed", "1", "--out", str(out)], tmp_path)
+    proc = _run(["demo", "--json", "--seed", "1", "--out", str(out), "--patience", "4",
+                 "--max-dendrites", "2"], tmp_path)  # a shorter run than the default job
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
     arms = {a["name"]: a for a in result["arms"]}

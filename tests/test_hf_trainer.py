@@ -166,6 +166,10 @@ def test_clear_errors_for_setups_it_cannot_grow(tmp_path):
         DendriteGrowthCallback().bind(given)
     with pytest.raises(perfora.ConfigError, match="children"):
         DendriteGrowthCallback(module="body").bind(make_trainer(str(tmp_path), epochs=1))
+    best_at_end = make_trainer(str(tmp_path), epochs=1)
+    best_at_end.args.load_best_model_at_end = True
+    with pytest.raises(perfora.ConfigError, match="load_best_model_at_end"):
+        DendriteGrowthCallback().bind(best_at_end)
 
 
 def _launch(out: Path, *extra: str) -> subprocess.Popen:

@@ -1,5 +1,5 @@
-"""Ways into the trainers people use: Lightning Fabric and Hugging Face Accelerate.
+"""Ways into the trainers people use: Hugging Face Trainer and Accelerate, Lightning Fabric.
 
-Each integration is imported on its own (``from perfora.integrations import fabric``), so
-``import perfora`` never imports those packages.
+Each integration is imported on its own (``from perfora.integrations import fabric``,
+``accelerate`` or ``transformers``), so ``import perfora`` never imports those packages.
 """

@@ -314,6 +314,11 @@ def _check_trainer(trainer: Any) -> None:
         raise PerforaError("DendriteGrowthCallback supports single-device and DDP Trainer runs; "
                            "DeepSpeed and FSDP shard the parameters, so perfora cannot add "
                            "dendrites in place under them (use the Lightning callback for FSDP)")
+    if getattr(trainer.args, "load_best_model_at_end", False):
+        raise ConfigError("TrainingArguments(load_best_model_at_end=True) would load a Trainer "
+                          "checkpoint at the end, possibly of another dendrite structure, over "
+                          "the best model perfora restores itself at completion; set it to "
+                          "False (the grown run ends with its best model either way)")
     if trainer.optimizer is not None or trainer.lr_scheduler is not None:
         raise ConfigError("Trainer(optimizers=(...)) holds an optimizer built before perfora "
                           "perforated the model, and perfora rebuilds the optimizer after every "

@@ -68,6 +68,10 @@ def main() -> None:
     (args.out / f"result_{rank}.json").write_text(json.dumps({
         "actions": actions, "dendrites": ctl.num_dendrites, "digest": digest.hexdigest(),
         "models_held": len(accelerator._models), "optimizers_held": len(accelerator._optimizers)}))
+    # leave the process group before exiting: gloo threads torn down at interpreter exit
+    # can abort a rank ("terminate called without an active exception")
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -59,6 +59,10 @@ def main() -> None:
         "actions": actions, "dendrites": ctl.num_dendrites, "digest": digest.hexdigest(),
         "newest_set_trained": bool(
             perfora.dendritic_layers(model)["0"].out_weight[-1].detach().abs().sum() > 0)}))
+    # leave the process group before exiting: gloo threads torn down at interpreter exit
+    # can abort a rank ("terminate called without an active exception")
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

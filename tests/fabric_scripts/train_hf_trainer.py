@@ -56,6 +56,9 @@ def main() -> None:
         "ddp_covers_model": all(id(p) in ddp_params for p in trainer.model.parameters()),
         "models_held": len(trainer.accelerator._models),
         "optimizers_held": len(trainer.accelerator._optimizers)}))
+    if torch.distributed.is_initialized():  # leave the group before exit (gloo may abort)
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
