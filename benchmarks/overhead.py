@@ -27,6 +27,7 @@ times with several threads are dominated by preemption; ``--threads 1 --clock cp
     python benchmarks/overhead.py                 # ~2-3 minutes on 2 cores
     python benchmarks/overhead.py --quick         # smoke run, 3 rounds per group
     python benchmarks/overhead.py --threads 1 --clock cpu --out /tmp/overhead.json
+    python benchmarks/overhead.py --compile --threads 1 --clock cpu   # compiled, both sides
 """
 
 from __future__ import annotations
@@ -139,7 +140,8 @@ def step_flops(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> int:
 
 
 def run_group(name: str, batch: int, *, budget_s: float, min_repeats: int, max_repeats: int,
-              min_sample_s: float, warmup: int, seed: int, clock) -> list[dict]:
+              min_sample_s: float, warmup: int, seed: int, clock,
+              compiled: bool = False) -> list[dict]:
     build, in_shape = MODELS[name]
     torch.manual_seed(seed)
     plain = build()
@@ -150,7 +152,11 @@ def run_group(name: str, batch: int, *, budget_s: float, min_repeats: int, max_r
         models[f"K={k}"] = converted(plain, k, seed + k)
     # FLOPs scale linearly in the batch, so a small batch gives the same ratios, cheaply.
     flops = {v: step_flops(m, x[:8], y[:8]) for v, m in models.items()}
-    runners = {v: Runner(m, x, y, clock) for v, m in models.items()}
+    if compiled:  # both sides compiled; the warm-up steps below pay the compilation
+        torch._dynamo.reset()
+        runners = {v: Runner(torch.compile(m), x, y, clock) for v, m in models.items()}
+    else:
+        runners = {v: Runner(m, x, y, clock) for v, m in models.items()}
     first = {}
     for v, r in runners.items():
         for _ in range(warmup):
@@ -224,7 +230,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="wall: perf_counter; cpu: process CPU time, steadier on a busy "
                          "machine (use it with --threads 1)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--compile", action="store_true",
+                    help="torch.compile both the plain and the perforated models "
+                         "(default output: results/overhead_compiled.json)")
     args = ap.parse_args(argv)
+    if args.compile and args.out == DEFAULT_OUT:
+        args.out = DEFAULT_OUT.with_name("overhead_compiled.json")
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -239,13 +250,14 @@ def main(argv: list[str] | None = None) -> int:
         plan["min_repeats"] = plan["max_repeats"] = args.repeats
 
     print(f"perfora overhead: torch {torch.__version__}, {torch.get_num_threads()} thread(s), "
-          f"{platform.machine()}, {args.clock} clock{' (quick)' if args.quick else ''}",
-          flush=True)
+          f"{platform.machine()}, {args.clock} clock{' (quick)' if args.quick else ''}"
+          f"{', torch.compile on both sides' if args.compile else ''}", flush=True)
     t0 = time.perf_counter()
     rows: list[dict] = []
     for name in MODELS:
         for batch in BATCHES:
-            rows += run_group(name, batch, seed=args.seed, clock=clock, **plan)
+            rows += run_group(name, batch, seed=args.seed, clock=clock,
+                              compiled=args.compile, **plan)
     elapsed = time.perf_counter() - t0
     print()
     print_table(rows)
@@ -263,6 +275,7 @@ def main(argv: list[str] | None = None) -> int:
         "threads": torch.get_num_threads(),
         "quick": args.quick,
         "clock": args.clock,
+        "compiled": args.compile,
         "plan": plan,
         "seconds": elapsed,
         "targets": {"k0_ratio_max": TARGET_K0, "ratio_over_ideal_max": TARGET_IDEAL},

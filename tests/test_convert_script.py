@@ -33,6 +33,9 @@ pytest.importorskip("libcst", reason="perfora convert needs libcst (the dev extr
 from perfora import convert_source  # noqa: E402
 from perfora.cli import main  # noqa: E402
 
+# the tests here share module-scoped runs: keep them on one pytest-xdist worker
+pytestmark = pytest.mark.xdist_group("test_convert_script")
+
 CORPUS = Path(__file__).parent / "convert_corpus"
 ROOT = Path(__file__).resolve().parents[1]
 RUNNER = Path(__file__).parent / "convert_runner.py"

@@ -32,6 +32,9 @@ from perfora.integrations.transformers import (  # noqa: E402
     load_grown_pretrained,
 )
 
+# the tests here share module-scoped runs: keep them on one pytest-xdist worker
+pytestmark = pytest.mark.xdist_group("test_hf_trainer")
+
 SCRIPT = Path(__file__).parent / "fabric_scripts" / "train_hf_trainer.py"
 EPOCHS = 30
 PROBE = Blobs(32, 9).x

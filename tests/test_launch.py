@@ -20,6 +20,9 @@ from perfora.distributed.launch import (
 )
 from perfora.errors import ConfigError
 
+# the tests here share module-scoped runs: keep them on one pytest-xdist worker
+pytestmark = pytest.mark.xdist_group("test_launch")
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "tests" / "launch_scripts"
 NATIVE = SCRIPTS / "native_train.py"

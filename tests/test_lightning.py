@@ -22,6 +22,9 @@ import perfora
 from perfora.errors import ConfigError, PerforaError
 from perfora.lightning import DendriteGrowth, prime_optimizer_state
 
+# the tests here share module-scoped runs: keep them on one pytest-xdist worker
+pytestmark = pytest.mark.xdist_group("test_lightning")
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tests" / "lightning_scripts" / "run_digits.py"
 RUN_TIMEOUT = 240

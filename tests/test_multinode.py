@@ -148,7 +148,7 @@ def test_rank_killed_on_the_second_node_stops_all_and_launch_resumes(nodes, tmp_
     # the uninterrupted reference and the run whose global rank 3 (second node) is SIGKILLed
     # halfway through epoch 2 of its first attempt, side by side
     procs = [nodes.run(i, _launch(nodes, i, reference, 29410), reference) for i in range(2)]
-    procs += [nodes.run(i, _launch(nodes, i, killed, 29420), killed,
+    procs += [nodes.run(i, _launch(nodes, i, killed, 29460), killed,
                         {"NATIVE_TRAIN_KILL": "3:2"}) for i in range(2)]
     logs = _finish(procs, 300)[2:]
     for log in logs:  # every node's first attempt failed, promptly, and was restarted

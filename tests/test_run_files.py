@@ -19,6 +19,9 @@ from torch import nn
 import perfora
 from perfora import GrowthController, PerforaConfig, dendritic_layers, load_checkpoint, load_model
 
+# the tests here share module-scoped runs: keep them on one pytest-xdist worker
+pytestmark = pytest.mark.xdist_group("test_run_files")
+
 IN, HIDDEN, OUT = 8, 16, 3
 BATCH = 32
 SETTINGS = {"maximize": False, "switch_mode": "fixed", "fixed_switch_num": 3,

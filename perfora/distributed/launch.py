@@ -75,8 +75,10 @@ class LaunchSettings:
             raise ConfigError("with --nnodes > 1 give --master-addr and --master-port: the "
                               "address of node 0 (reachable from every node) and a free port "
                               "there; every node runs perfora launch with the same values")
-        if self.master_port is not None and not 0 < self.master_port < 65536:
-            raise ConfigError(f"--master-port must be in 1..65535, got {self.master_port}")
+        if self.master_port is not None and not 0 < self.master_port <= 65536 - PORT_WINDOW:
+            raise ConfigError(f"--master-port must be in 1..{65536 - PORT_WINDOW} (attempts "
+                              f"use it and the next {PORT_WINDOW - 1} ports), got "
+                              f"{self.master_port}")
         if self.max_failures < 0:
             raise ConfigError(f"--max-failures must be >= 0, got {self.max_failures}")
         if self.max_restarts < 0:
@@ -169,13 +171,18 @@ def init_command(settings: LaunchSettings) -> list[str]:
     return [settings.python, settings.script, *settings.script_args, INIT_FLAG]
 
 
-def torchrun_command(settings: LaunchSettings) -> list[str]:
+PORT_WINDOW = 32  # multi-node attempts cycle through master_port .. master_port + 31
+
+
+def torchrun_command(settings: LaunchSettings, attempt: int = 1) -> list[str]:
     """One training attempt: a fresh torchrun, standalone on one node (new rendezvous, new
-    port), or with static rendezvous on node 0's address across nodes."""
+    port), or with static rendezvous on node 0's address across nodes. Across nodes attempt
+    N uses port ``master_port + (N - 1) % 32``: every node counts the same attempts, and a
+    node that starts its next attempt early cannot join the store of the previous one."""
     if settings.nnodes > 1:
+        port = settings.master_port + (attempt - 1) % PORT_WINDOW  # type: ignore[operator]
         rendezvous = [f"--nnodes={settings.nnodes}", f"--node-rank={settings.node_rank}",
-                      f"--master-addr={settings.master_addr}",
-                      f"--master-port={settings.master_port}"]
+                      f"--master-addr={settings.master_addr}", f"--master-port={port}"]
     else:
         rendezvous = ["--standalone"]
     return [settings.python, "-m", "torch.distributed.run", *rendezvous,
@@ -269,7 +276,7 @@ def _restart_loop(settings: LaunchSettings, say: Callable[[str], None]) -> Launc
             number += 1
             env[ATTEMPT_ENV] = str(number)
             before = folder_fingerprint(folder)
-            cmd = torchrun_command(settings)
+            cmd = torchrun_command(settings, number)
             resume = newest_switch(folder)
             node = f" on node {settings.node_rank} of {settings.nnodes}" \
                 if settings.nnodes > 1 else ""
