@@ -131,25 +131,28 @@ def test_in_process_growth_on_two_nodes(nodes, tmp_path, rendezvous, sharding):
 def _launch(nodes: Nodes, node: int, run: Path, port: int) -> list[str]:
     return [sys.executable, "-m", "perfora", "launch", "--nnodes", "2", "--node-rank",
             str(node), "--master-addr", nodes.addrs[0], "--master-port", str(port),
-            "--nproc-per-node", "2", "--max-failures", "2", "--attempt-timeout", "150",
+            "--nproc-per-node", "1", "--max-failures", "2", "--attempt-timeout", "150",
             str(NATIVE), "--out", str(run / "out"), "--epochs_per_switch", "2",
             "--max_dendrites", "1"]
 
 
 def _final(run: Path) -> list[dict]:
-    return [json.loads((run / "out" / f"params_rank{r}.json").read_text()) for r in range(4)]
+    return [json.loads((run / "out" / f"params_rank{r}.json").read_text()) for r in range(2)]
 
 
 @pytest.mark.timeout(500)
 def test_rank_killed_on_the_second_node_stops_all_and_launch_resumes(nodes, tmp_path):
+    """(With 2 ranks gloo's sums do not depend on DDP's bucket layout, so the resumed run can
+    be compared bit for bit; on 4 ranks a fresh wrapper's buckets reorder the ring's sums.)"""
     reference, killed = tmp_path / "reference", tmp_path / "killed"
     for run in (reference, killed):
         run.mkdir()
-    # the uninterrupted reference and the run whose global rank 3 (second node) is SIGKILLed
-    # halfway through epoch 2 of its first attempt, side by side
+    # one rank per node (the restart costs are per process); the uninterrupted reference and
+    # the run whose rank 1 (the second node) is SIGKILLed halfway through epoch 2 of its first
+    # attempt, side by side
     procs = [nodes.run(i, _launch(nodes, i, reference, 29410), reference) for i in range(2)]
     procs += [nodes.run(i, _launch(nodes, i, killed, 29460), killed,
-                        {"NATIVE_TRAIN_KILL": "3:2"}) for i in range(2)]
+                        {"NATIVE_TRAIN_KILL": "1:2"}) for i in range(2)]
     logs = _finish(procs, 300)[2:]
     for log in logs:  # every node's first attempt failed, promptly, and was restarted
         failed = [line for line in log.splitlines() if "attempt 1 failed" in line]
@@ -161,12 +164,7 @@ def test_rank_killed_on_the_second_node_stops_all_and_launch_resumes(nodes, tmp_
     resumed = next(e for e in events if e["attempt"] == 2 and e["event"] == "start")
     assert resumed["epoch"] >= 1  # at most one epoch lost (epoch 2 was in progress)
     final, expected = _final(killed), _final(reference)
-    assert all(f["params"] == final[0]["params"] for f in final)  # 4 ranks identical
+    assert all(f["params"] == final[0]["params"] for f in final)  # both ranks identical
     assert [f["dendrites"] for f in final] == [f["dendrites"] for f in expected]
     assert final[0]["epoch"] == expected[0]["epoch"]
-    # the same run up to float summation order: a fresh DDP wrapper groups gradients into
-    # buckets differently from one that has rebuilt its buckets, and on 4 ranks gloo's ring
-    # sums each element in an order that depends on its place in the bucket
-    resumed_params, reference_params = final[0]["params"], expected[0]["params"]
-    assert len(resumed_params) == len(reference_params)
-    assert max(abs(a - b) for a, b in zip(resumed_params, reference_params)) < 1e-4
+    assert final[0]["params"] == expected[0]["params"]  # the same run, bit for bit
