@@ -7,9 +7,6 @@ diverges)."""
 from __future__ import annotations
 
 import copy
-import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -24,6 +21,7 @@ from transformers import TrainerCallback  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent / "fabric_scripts"))
 from hf_tiny import Blobs, TinyClassifier, TinyConfig, digest, make_trainer  # noqa: E402
+from torchrun_jobs import launch, results  # noqa: E402
 
 import perfora  # noqa: E402
 from perfora.integrations.transformers import (  # noqa: E402
@@ -175,34 +173,18 @@ def test_clear_errors_for_setups_it_cannot_grow(tmp_path):
         DendriteGrowthCallback().bind(best_at_end)
 
 
-def _launch(out: Path, *extra: str) -> subprocess.Popen:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         str(SCRIPT), str(out), *extra],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True)
-
-
-def _results(out: Path, proc: subprocess.Popen) -> list[dict]:
-    try:
-        log, _ = proc.communicate(timeout=240)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        raise
-    assert proc.returncode == 0, log[-3000:]
-    return [json.loads((out / f"result_{rank}.json").read_text()) for rank in range(2)]
 
 
 @pytest.mark.timeout(300)
 def test_ddp_ranks_identical_after_growth_and_diverge_without_the_new_wrapper(tmp_path):
-    good, stale = _launch(tmp_path / "good"), _launch(tmp_path / "stale", "--stale")
-    ranks = _results(tmp_path / "good", good)
+    good, stale = launch(SCRIPT, tmp_path / "good"), launch(SCRIPT, tmp_path / "stale", "--stale")
+    ranks = results(tmp_path / "good", good)
     assert ranks[0]["actions"].count("restructure") == 2 and ranks[0]["dendrites"] == 2
     assert ranks[0]["actions"] == ranks[1]["actions"]
     assert ranks[0]["digest"] == ranks[1]["digest"]  # every tensor, bit for bit
     assert ranks[0]["ddp"] and ranks[0]["ddp_covers_model"]
     assert ranks[0]["models_held"] == ranks[0]["optimizers_held"] == 1
-    control = _results(tmp_path / "stale", stale)  # the first wrapper kept: ranks diverge
+    control = results(tmp_path / "stale", stale)  # the first wrapper kept: ranks diverge
     assert control[0]["actions"].count("restructure") == 2
     assert not control[0]["ddp_covers_model"]
     assert control[0]["digest"] != control[1]["digest"]
