@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,9 +16,10 @@ pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
 import torch  # noqa: E402
+from paths import SCRIPTS  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).parent / "fabric_scripts"))
+sys.path.insert(0, str(SCRIPTS / "trainers"))
 from hf_tiny import Blobs, TinyClassifier, TinyConfig, digest, make_trainer  # noqa: E402
 from torchrun_jobs import launch, results  # noqa: E402
 
@@ -33,7 +33,7 @@ from perfora.integrations.transformers import (  # noqa: E402
 # the tests here share module-scoped runs: keep them on one pytest-xdist worker
 pytestmark = pytest.mark.xdist_group("test_hf_trainer")
 
-SCRIPT = Path(__file__).parent / "fabric_scripts" / "train_hf_trainer.py"
+SCRIPT = SCRIPTS / "trainers" / "train_hf_trainer.py"
 EPOCHS = 30
 PROBE = Blobs(32, 9).x
 

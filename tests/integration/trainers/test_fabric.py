@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
+from paths import SCRIPTS
 from torchrun_jobs import launch, results
 
 pytest.importorskip("lightning.fabric")
 
-SCRIPT = Path(__file__).parent / "fabric_scripts" / "train_fabric.py"
+SCRIPT = SCRIPTS / "trainers" / "train_fabric.py"
 
 
 

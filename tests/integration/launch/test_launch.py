@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from paths import ROOT, SCRIPTS
 
 from perfora.cli import main
 from perfora.distributed.launch import (
@@ -23,9 +24,9 @@ from perfora.errors import ConfigError
 # the tests here share module-scoped runs: keep them on one pytest-xdist worker
 pytestmark = pytest.mark.xdist_group("test_launch")
 
-ROOT = Path(__file__).resolve().parents[1]
-SCRIPTS = ROOT / "tests" / "launch_scripts"
-NATIVE = SCRIPTS / "native_train.py"
+ROOT = ROOT
+LAUNCH_SCRIPTS = SCRIPTS / "launch"
+NATIVE = LAUNCH_SCRIPTS / "native_train.py"
 
 
 def _launch(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess:
@@ -116,7 +117,7 @@ def test_too_many_failures_stop_with_nonzero_exit_and_message(tmp_path: Path) ->
 @pytest.mark.timeout(200)
 def test_clean_exit_without_progress_is_an_error_not_an_endless_loop(tmp_path: Path) -> None:
     proc = _launch(["--nproc-per-node", "1", "--save-name", "RUN", "--attempt-timeout", "120",
-                    str(SCRIPTS / "exits_without_progress.py")], tmp_path)
+                    str(LAUNCH_SCRIPTS / "exits_without_progress.py")], tmp_path)
     assert proc.returncode == 1
     assert "attempt 1 exited 0 but wrote nothing to RUN/" in proc.stdout
     assert "save_name is 'RUN'" in proc.stdout
@@ -172,7 +173,7 @@ def _alive(pid: int) -> bool:
 def test_hanging_attempt_is_stopped_with_its_workers_and_counted_as_failure(
         tmp_path: Path) -> None:
     proc = _launch(["--nproc-per-node", "2", "--max-failures", "0", "--attempt-timeout", "15",
-                    str(SCRIPTS / "hangs.py"), "--pids", "pids"], tmp_path)
+                    str(LAUNCH_SCRIPTS / "hangs.py"), "--pids", "pids"], tmp_path)
     assert proc.returncode == 1
     assert "error: attempt 1 timed out after 15 s: that is 1 failed attempt(s), more than " \
         "--max-failures=0" in proc.stdout

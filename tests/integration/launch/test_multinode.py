@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from paths import SCRIPTS  # noqa: E402
 
-HERE = Path(__file__).parent
-GROW = HERE / "multinode_scripts" / "ddp_grow.py"
-NATIVE = HERE / "launch_scripts" / "native_train.py"
+GROW = SCRIPTS / "multinode" / "ddp_grow.py"
+NATIVE = SCRIPTS / "launch" / "native_train.py"
 
 
 @dataclass

@@ -9,9 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from paths import ROOT, SCRIPTS
 
-ROOT = Path(__file__).resolve().parents[1]
-SEED_SCRIPT = ROOT / "tests" / "launch_scripts" / "seed_ddp_train.py"
+ROOT = ROOT
+SEED_SCRIPT = SCRIPTS / "launch" / "seed_ddp_train.py"
 
 
 @pytest.mark.slow

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -19,13 +18,14 @@ pytest.importorskip("libcst", reason="perfora convert needs libcst (the dev extr
 
 import libcst as cst  # noqa: E402
 from libcst.metadata import MetadataWrapper, PositionProvider  # noqa: E402
+from paths import ROOT, SCRIPTS
 
 from perfora.cli import main  # noqa: E402
 from perfora.codemod.analysis import Analyzer  # noqa: E402
 from perfora.codemod.cli import MAX_SIZE  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
-CORPUS = Path(__file__).parent / "convert_corpus"
+ROOT = ROOT
+CORPUS = SCRIPTS / "convert_corpus"
 TRAIN = (CORPUS / "single_argparse_steplr.py").read_text()
 ACCENTED = TRAIN.replace("# one line per epoch", "# une ligne par époque")
 

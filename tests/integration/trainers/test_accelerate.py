@@ -3,14 +3,13 @@ resumed run equal to the uninterrupted one."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
+from paths import SCRIPTS
 from torchrun_jobs import launch, results
 
 pytest.importorskip("accelerate")
 
-SCRIPT = Path(__file__).parent / "fabric_scripts" / "train_accelerate.py"
+SCRIPT = SCRIPTS / "trainers" / "train_accelerate.py"
 
 
 

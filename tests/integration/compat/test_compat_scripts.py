@@ -1,5 +1,5 @@
 """Scripts written for the PerforatedAI API, following the seed's recipes literally, run on
-perfora with only the two imports swapped (tests/compat_scripts/), in real subprocesses.
+perfora with only the two imports swapped (tests/scripts/compat/), in real subprocesses.
 
 Single process to training_complete; the seed's restart workflow (exit after each
 restructure, reload the highest switch_N) giving the same model as an uninterrupted run;
@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from paths import SCRIPTS
 from safetensors import safe_open
 from safetensors.torch import load_file
 from torch import nn
@@ -25,7 +26,7 @@ from perfora.compat import globals_perforatedai as GPA
 from perfora.compat import utils_perforatedai as UPA
 from perfora.compat.tracker import COMPLETE_MARKER, SETTINGS_FILE
 
-SCRIPTS = Path(__file__).parent / "compat_scripts"
+SCRIPTS = SCRIPTS / "compat"
 TIMEOUT = 120
 
 

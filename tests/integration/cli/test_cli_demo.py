@@ -10,8 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = ROOT
 
 
 def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess:

@@ -1,6 +1,6 @@
 """The Lightning callback under real Trainers: ddp, ddp_spawn, ModelParallel (FSDP2) on CPU.
 
-Distributed fits run ``tests/lightning_scripts/run_digits.py`` in a subprocess (Lightning's
+Distributed fits run ``tests/scripts/lightning/run_digits.py`` in a subprocess (Lightning's
 ddp launcher re-executes the script for rank 1); every rank writes its final parameters
 and the callback's decisions. Each subprocess has a timeout, so a hang fails the test.
 """
@@ -16,17 +16,20 @@ from pathlib import Path
 import lightning.pytorch as pl
 import pytest
 import torch
-from lightning_scripts.run_digits import DigitsNet, digits_loaders
+from paths import ROOT, SCRIPTS
 
 import perfora
 from perfora.errors import ConfigError, PerforaError
 from perfora.lightning import DendriteGrowth, prime_optimizer_state
 
+sys.path.insert(0, str(SCRIPTS / "lightning"))
+from run_digits import DigitsNet, digits_loaders  # noqa: E402
+
 # the tests here share module-scoped runs: keep them on one pytest-xdist worker
 pytestmark = pytest.mark.xdist_group("test_lightning")
 
-ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "tests" / "lightning_scripts" / "run_digits.py"
+ROOT = ROOT
+SCRIPT = SCRIPTS / "lightning" / "run_digits.py"
 RUN_TIMEOUT = 240
 
 

@@ -6,15 +6,19 @@ model as the best; a fit without validation never reads the monitor, so nothing 
 
 from __future__ import annotations
 
+import sys
 import warnings
 from pathlib import Path
 
 import lightning.pytorch as pl
 import pytest
 import torch
-from lightning_scripts.run_digits import DigitsNet, digits_loaders
+from paths import SCRIPTS
 
 from perfora.lightning import DendriteGrowth
+
+sys.path.insert(0, str(SCRIPTS / "lightning"))
+from run_digits import DigitsNet, digits_loaders  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 

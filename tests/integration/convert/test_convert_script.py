@@ -1,4 +1,4 @@
-"""`perfora convert` on a corpus of realistic training scripts (tests/convert_corpus/).
+"""`perfora convert` on a corpus of realistic training scripts (tests/scripts/convert_corpus/).
 
 Every regular script is converted in both modes; the diff is checked for the seed's ordering
 (perforate, then the resume load, then the optimizer, then the DataParallel/DDP wrap; in
@@ -30,15 +30,17 @@ import pytest
 
 pytest.importorskip("libcst", reason="perfora convert needs libcst (the dev extra has it)")
 
+from paths import ROOT, SCRIPTS, TESTS
+
 from perfora import convert_source  # noqa: E402
 from perfora.cli import main  # noqa: E402
 
 # the tests here share module-scoped runs: keep them on one pytest-xdist worker
 pytestmark = pytest.mark.xdist_group("test_convert_script")
 
-CORPUS = Path(__file__).parent / "convert_corpus"
-ROOT = Path(__file__).resolve().parents[1]
-RUNNER = Path(__file__).parent / "convert_runner.py"
+CORPUS = SCRIPTS / "convert_corpus"
+ROOT = ROOT
+RUNNER = TESTS / "support" / "convert_runner.py"
 IRREGULAR = sorted(p.stem for p in CORPUS.glob("irregular_*.py"))
 REGULAR = sorted(p.stem for p in CORPUS.glob("*.py") if p.stem not in IRREGULAR)
 DDP = {"ddp_torchrun", "ddp_main_fn"}
@@ -549,7 +551,7 @@ def test_readme_diff_is_what_the_tool_prints():
     readme = (ROOT / "README.md").read_text()
     section = readme.split("## `perfora convert`", 1)[1].split("\n## ", 1)[0]
     shown = section.split("```diff\n", 1)[1].split("```", 1)[0]
-    path = "tests/convert_corpus/ddp_torchrun.py"
+    path = "tests/scripts/convert_corpus/ddp_torchrun.py"
     assert shown == convert_source(source("ddp_torchrun"), "native",
                                    name="ddp_torchrun").diff(path)
 
@@ -594,8 +596,8 @@ def test_compat_ddp_script_runs_under_perfora_launch(tmp_path):
 
 
 def test_script_written_for_perforatedai_only_gets_its_imports_switched():
-    """A seed-style script (tests/compat_scripts) with PerforatedAI's own imports."""
-    ours = (Path(__file__).parent / "compat_scripts" / "seed_single.py").read_text()
+    """A seed-style script (tests/scripts/compat) with PerforatedAI's own imports."""
+    ours = (SCRIPTS / "compat" / "seed_single.py").read_text()
     theirs = ours.replace("from perfora.compat import", "from perforatedai import")
     assert theirs != ours
     result = convert_source(theirs, "compat")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from paths import ROOT
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
@@ -90,9 +91,8 @@ def test_readme_ddp_example_compiles_and_uses_public_names():
     """The DDP loop in the README (run by hand under torchrun) uses only existing names."""
     import ast
     import re
-    from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (ROOT / "README.md").read_text()
     section = readme.split("## Distributed training (DDP, in-process)", 1)[1]
     block = re.search(r"```python\n(.*?)```", section, flags=re.S).group(1)
     tree = ast.parse(block)
