@@ -1,7 +1,7 @@
 """How `perfora convert` scales with the size of the script: time and peak memory.
 
 Generates training scripts of a given size in three shapes, from the converter's own test
-corpus (``tests/convert_corpus/``):
+corpus (``tests/scripts/convert_corpus/``):
 
 - ``functions``: one real training script plus many helper functions (an evaluation loop and
   a one-epoch training loop each) until the size is reached;
@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-CORPUS = ROOT / "tests" / "convert_corpus"
+CORPUS = ROOT / "tests" / "scripts" / "convert_corpus"
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "convert_size.json"
 SHAPES = ("functions", "repeated", "flat")
 HELPERS = '''
@@ -116,7 +116,7 @@ def startup(src: Path) -> float:
     """Seconds to start Python and import the command line (subtracted per MB)."""
     env = dict(os.environ, PYTHONPATH=str(src))
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-c", "import perfora.cli, perfora.codemod.cli"],
+    subprocess.run([sys.executable, "-c", "import perfora.cli, perfora.cli.convert"],
                    env=env, cwd=src, check=True)
     return time.perf_counter() - start
 

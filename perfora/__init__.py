@@ -4,27 +4,30 @@ The Lightning callback lives in :mod:`perfora.lightning` (optional dependency:
 ``pip install "perfora[lightning]"``); ``perfora.compat`` holds the PerforatedAI names.
 """
 
-__version__ = "0.1.0"
-
 from typing import TYPE_CHECKING, Any  # noqa: E402
 
+from ._version import __version__
 from .adapter import load_dendrites, save_dendrites  # noqa: E402
 from .candidates import GrowthPlan, plan_growth  # noqa: E402
 from .checkpoint import load_checkpoint, load_model, save_model  # noqa: E402
 from .config import PerforaConfig  # noqa: E402
 from .controller import ControllerState, Decision, GrowthController  # noqa: E402
-from .convert import ConversionReport, describe, perforate  # noqa: E402
 from .errors import (  # noqa: E402
     CheckpointError,
     ConfigError,
     ConversionError,
+    ExportError,
     OrderError,
+    ParallelError,
     PerforaError,
+    PerforationError,
     ScoreError,
     ShapeMismatchError,
 )
 from .export import export  # noqa: E402
 from .layers import DendriticLayer, dendritic_layers, unwrap_model  # noqa: E402
+from .perforation import ConversionReport, describe, perforate  # noqa: E402
+from .restart import mark_training_complete  # noqa: E402
 from .resume import resume  # noqa: E402
 from .rules import LearningRule, RuleStep, register_rule  # noqa: E402
 from .signal import ErrorSignalProbe  # noqa: E402
@@ -37,7 +40,8 @@ __all__ = [
     "save_dendrites", "load_dendrites", "LearningRule",
     "RuleStep",
     "register_rule", "PerforaError", "ConfigError", "ScoreError", "OrderError",
-    "ConversionError", "CheckpointError", "ShapeMismatchError",
+    "ConversionError", "CheckpointError", "ShapeMismatchError", "PerforationError",
+    "ParallelError", "ExportError", "mark_training_complete",
 ]
 
 from . import distributed  # noqa: E402

@@ -25,9 +25,9 @@ from .checkpoint import (
     save_checkpoint,
     shadow_copy,
 )
-from .convert import layer_specs
 from .errors import CheckpointError, ShapeMismatchError
 from .layers import dendritic_layers, unwrap_model
+from .perforation import layer_specs
 
 CONTENT = "dendrites"
 _GROUP = "dendrites"

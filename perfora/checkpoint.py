@@ -357,8 +357,8 @@ def rehearse_load(shadow: nn.Module, state: Mapping[str, torch.Tensor], source: 
 def fit_structure(model: nn.Module, specs: Mapping[str, Mapping[str, Any]], source: str,
                   error: type[CheckpointError] = CheckpointError) -> None:
     """rebuild_structure with its ConversionError turned into ``error`` naming ``source``."""
-    from .convert import rebuild_structure
     from .errors import ConversionError
+    from .perforation import rebuild_structure
 
     try:
         rebuild_structure(model, specs)
@@ -368,7 +368,7 @@ def fit_structure(model: nn.Module, specs: Mapping[str, Mapping[str, Any]], sour
 
 def save_model(path: str | os.PathLike, model: nn.Module, **meta: Any) -> None:
     """Save a perforated model (structure + weights) without controller state."""
-    from .convert import layer_specs
+    from .perforation import layer_specs
 
     ckpt = Checkpoint(tensors={"model": unwrap_model(model).state_dict()},
                       meta={"structure": layer_specs(model), **meta})

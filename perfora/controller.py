@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import __version__
+from ._version import __version__
 from .candidates import GrowthPlan, plan_growth
 from .checkpoint import (
     Checkpoint,
@@ -44,7 +44,6 @@ from .checkpoint_schema import (
     validate_structure,
 )
 from .config import PerforaConfig
-from .convert import layer_specs, rebuild_structure
 from .distributed import agree_on_scores, barrier, is_rank_zero
 from .distributed.collectives import all_reduce_values
 from .distributed.fingerprint import check_same_structure
@@ -56,7 +55,14 @@ from .distributed.fsdp import (
     shard_optimizer_state,
 )
 from .distributed.wrappers import WrapperSpec, wrapper_spec
-from .errors import CheckpointError, ConversionError, OrderError, ScoreError
+from .errors import (
+    CheckpointError,
+    ConversionError,
+    OrderError,
+    ParallelError,
+    PerforationError,
+    ScoreError,
+)
 from .layers import dendritic_layers, unwrap_model
 from .optim import (
     OptimizerRecipe,
@@ -68,6 +74,7 @@ from .optim import (
     split_state_dict,
     step_scheduler,
 )
+from .perforation import layer_specs, rebuild_structure
 from .report import RunReport
 from .rules import make_rule
 from .signal import ErrorSignalProbe
@@ -191,12 +198,12 @@ class GrowthController:
         self._retired: weakref.WeakSet[nn.Module] = weakref.WeakSet()  # replaced DDP wrappers
         layers = dendritic_layers(model)
         if not layers:
-            raise ConversionError("the model has no dendritic layers: call "
-                                  "perfora.perforate(model) before creating the controller")
+            raise PerforationError("the model has no dendritic layers: call "
+                                   "perfora.perforate(model) before creating the controller")
         if isinstance(self._wrapper, FSDP2Spec) and config.rule != "gd":
-            raise ConversionError(f"rule={config.rule!r} is not supported under FSDP2 yet (its "
-                                  "phase switches change parameters outside a restructure); "
-                                  "use rule='gd', or train under DDP (perfora.wrap_ddp)")
+            raise ParallelError(f"rule={config.rule!r} is not supported under FSDP2 yet (its "
+                                "phase switches change parameters outside a restructure); "
+                                "use rule='gd', or train under DDP (perfora.wrap_ddp)")
         _apply_activation(layers, config.activation)
         for layer in layers.values():
             layer.remember_frozen_base()  # frozen by the user: stays frozen in every phase
@@ -1081,9 +1088,9 @@ def _apply_activation(layers: Mapping[str, Any], activation: str | None) -> None
         if layer.activation == activation:
             continue
         if layer.num_dendrites:
-            raise ConversionError(f"layer {path!r} already holds {layer.activation} dendrites; "
-                                  f"the setting activation={activation!r} cannot change them "
-                                  "(leave activation unset to keep the model's)")
+            raise PerforationError(f"layer {path!r} already holds {layer.activation} dendrites; "
+                                   f"the setting activation={activation!r} cannot change them "
+                                   "(leave activation unset to keep the model's)")
         layer.activation = activation
 
 

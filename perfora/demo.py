@@ -14,7 +14,7 @@ from torch import nn
 
 from .config import PerforaConfig
 from .controller import GrowthController
-from .convert import perforate
+from .perforation import perforate
 
 SPLIT_SEED = 1234  # the train/validation/test split is fixed, whatever --seed says
 

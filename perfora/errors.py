@@ -20,7 +20,23 @@ class OrderError(PerforaError, RuntimeError):
 
 
 class ConversionError(PerforaError, ValueError):
-    """The model cannot be perforated as asked (nothing to wrap, unknown neuron axis...)."""
+    """The common base of :class:`PerforationError`, :class:`ParallelError` and
+    :class:`ExportError`; kept so that ``except ConversionError`` in existing code still
+    catches all three. New code catches the specific one."""
+
+
+class PerforationError(ConversionError):
+    """The model cannot be perforated as asked (nothing to wrap, unknown neuron axis,
+    an unsupported layer such as an LSTM)."""
+
+
+class ParallelError(ConversionError):
+    """A parallel wrapper cannot be used as asked (a model sharded outside perfora, a
+    wrapper given an already sharded model, a setting the backend does not support)."""
+
+
+class ExportError(ConversionError):
+    """A grown model cannot be exported in the asked form."""
 
 
 class CheckpointError(PerforaError, RuntimeError):
@@ -33,3 +49,11 @@ class ShapeMismatchError(CheckpointError):
 
 class RankMismatchError(PerforaError, RuntimeError):
     """Ranks disagree on the model's structure (dendrites, shapes or what trains)."""
+
+
+class CompatNameError(PerforaError, AttributeError):
+    """A PerforatedAI name that perfora's shell does not provide (hasattr() sees False)."""
+
+
+class UnknownSettingError(ConfigError, AttributeError):
+    """A ``GPA.pc`` setting that does not exist; the message names the nearest one."""

@@ -20,7 +20,7 @@ import torch.fx
 import torch.nn.functional as F
 from torch import nn
 
-from .errors import ConversionError
+from .errors import ExportError
 from .layers import DendriticLayer, dendritic_layers, unwrap_model
 
 _ACTIVATION_FUNCTIONS = {"sigmoid": torch.sigmoid, "tanh": torch.tanh, "relu": F.relu}
@@ -190,8 +190,8 @@ def _output_ndim(layer: DendriticLayer) -> int | None:
     if layer.kind == "linear" and layer.neuron_axis < 0:
         return None
     if layer.kind == "linear":
-        raise ConversionError("cannot export a Linear layer whose neuron axis is not the "
-                              "last one")
+        raise ExportError("cannot export a Linear layer whose neuron axis is not the "
+                          "last one")
     return None
 
 
@@ -208,7 +208,7 @@ def _restore_plain_attention(model: nn.Module) -> None:
                                     if c is not _RoutedAttentionMixin
                                     and not issubclass(c, _RoutedAttentionMixin))
             continue
-        raise ConversionError(
+        raise ExportError(
             f"cannot export {path!r}: its output projection holds dendrites, which "
             "nn.MultiheadAttention cannot call (it reads out_proj.weight itself). Leave "
             "attention projections unwrapped (the default) to export the model")

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .errors import ConversionError
+from .errors import PerforationError
 
 _ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "sigmoid": torch.sigmoid,
@@ -75,11 +75,11 @@ class DendriticLayer(nn.Module):
     ) -> None:
         super().__init__()
         if activation not in _ACTIVATIONS:
-            raise ConversionError(f"unknown activation {activation!r}; use one of "
-                                  f"{sorted(_ACTIVATIONS)}")
+            raise PerforationError(f"unknown activation {activation!r}; use one of "
+                                   f"{sorted(_ACTIVATIONS)}")
         if num_neurons < 1:
-            raise ConversionError(f"a dendritic layer needs at least one neuron, got "
-                                  f"{num_neurons}")
+            raise PerforationError(f"a dendritic layer needs at least one neuron, got "
+                                   f"{num_neurons}")
         self.base = base
         self.grouped = grouped
         self.num_neurons = int(num_neurons)
@@ -115,7 +115,7 @@ class DendriticLayer(nn.Module):
             return p
         for p in self.base.parameters():
             return p
-        raise ConversionError("cannot perforate a module without parameters")
+        raise PerforationError("cannot perforate a module without parameters")
 
     @property
     def weight(self) -> torch.Tensor | None:
@@ -178,11 +178,11 @@ class DendriticLayer(nn.Module):
             self._keep_lists(None)
             return
         if not self.supports_partial_sets():
-            raise ConversionError(f"a {self.kind} layer (groups={self._groups()}) cannot hold "
-                                  "dendrite sets that feed only some neurons; use full sets")
+            raise PerforationError(f"a {self.kind} layer (groups={self._groups()}) cannot hold "
+                                   "dendrite sets that feed only some neurons; use full sets")
         if len(neurons) != k:
-            raise ConversionError(f"got neuron lists for {len(neurons)} dendrite sets, "
-                                  f"expected {k}")
+            raise PerforationError(f"got neuron lists for {len(neurons)} dendrite sets, "
+                                   f"expected {k}")
         ref = self._reference()
         mask = torch.zeros(k, self.num_neurons, dtype=torch.bool, device=ref.device)
         for row, chosen in enumerate(neurons):
@@ -192,8 +192,8 @@ class DendriticLayer(nn.Module):
             index = torch.as_tensor(list(chosen), dtype=torch.long)
             if index.numel() == 0 or index.min() < 0 or index.max() >= self.num_neurons \
                     or index.unique().numel() != index.numel():
-                raise ConversionError(f"dendrite set {row}: neuron indices must be distinct, "
-                                      f"in [0, {self.num_neurons}) and not empty, got "
+                raise PerforationError(f"dendrite set {row}: neuron indices must be distinct, "
+                                       f"in [0, {self.num_neurons}) and not empty, got "
                                       f"{list(chosen)[:8]}")
             mask[row, index.to(ref.device)] = True
         self.dendrite_mask = mask
@@ -263,7 +263,7 @@ class DendriticLayer(nn.Module):
         if weights is not None:
             for key, t in weights.items():
                 if key not in new or new[key].shape != t.shape:
-                    raise ConversionError(
+                    raise PerforationError(
                         f"grow(weights=...): {key!r} must have shape "
                         f"{tuple(new[key].shape) if key in new else '(none)'}, got "
                         f"{tuple(t.shape)}")
@@ -345,16 +345,16 @@ class DendriticLayer(nn.Module):
             return
         k = self.num_dendrites
         if k == 0:
-            raise ConversionError("split_candidate() on a layer without dendrites; grow one "
-                                  "first")
+            raise PerforationError("split_candidate() on a layer without dendrites; grow one "
+                                   "first")
         if self.dendrite_mask is not None:
-            raise ConversionError("split_candidate(): the correlation rule trains full "
-                                  "dendrite sets; it cannot be combined with selective growth "
-                                  "(grow_fraction < 1)")
+            raise PerforationError("split_candidate(): the correlation rule trains full "
+                                   "dendrite sets; it cannot be combined with selective growth "
+                                   "(grow_fraction < 1)")
         if bool(self.out_weight[k - 1].detach().ne(0).any()):
-            raise ConversionError("split_candidate(): the newest dendrite already feeds the "
-                                  "output (nonzero v row); a candidate must be split right "
-                                  "after grow(), before v trains")
+            raise PerforationError("split_candidate(): the newest dendrite already feeds the "
+                                   "output (nonzero v row); a candidate must be split right "
+                                   "after grow(), before v trains")
         with torch.no_grad():
             if self.kind == "generic":
                 old = {key: p.detach() for key, p in self.bank_params.items()}
@@ -530,7 +530,7 @@ class DendriticLayer(nn.Module):
         y = self.base(x, *args, **kwargs)
         if args or kwargs or not isinstance(y, torch.Tensor):
             # refused before any growth, so a run never trains on into a dead end
-            raise ConversionError(
+            raise PerforationError(
                 f"a DendriticLayer needs a module that maps one tensor to one tensor; this "
                 f"{type(self.source).__name__} was called with {1 + len(args)} positional "
                 f"and {len(kwargs)} keyword argument(s) and returned "

@@ -22,10 +22,10 @@ from torch import nn
 
 from .config import PerforaConfig, nearest_name
 from .controller import CONTINUE, Decision, GrowthController
-from .convert import layer_specs, perforate
 from .distributed.fsdp import is_fsdp1
 from .errors import ConfigError, PerforaError
 from .layers import dendritic_layers
+from .perforation import layer_specs, perforate
 
 try:  # the unified package first, then the standalone one
     import lightning.pytorch as pl

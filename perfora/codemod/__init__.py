@@ -3,8 +3,8 @@
 ``syntax`` answers small questions about libcst nodes, ``analysis`` finds the parts of a
 script (with line numbers), ``native`` and ``compat`` turn them into edits for each mode
 (``common`` holds what both share), ``edits`` applies them keeping every comment, ``api``
-is ``convert_source``, and ``cli`` prints diffs, writes files and reports what must be done
-by hand.
+is ``convert_source``; :mod:`perfora.cli.convert` prints diffs, writes files and reports
+what must be done by hand.
 """
 
 from .api import ScriptError, convert_source

@@ -8,8 +8,8 @@ and a script written for the PerforatedAI API runs on perfora. ``GPA.pc`` (setti
 state in perfora.
 """
 
+from ..errors import CompatNameError, UnknownSettingError
 from . import globals_perforatedai, utils_perforatedai
-from .errors import CompatNameError, UnknownSettingError
 
 __all__ = ["globals_perforatedai", "utils_perforatedai", "CompatNameError",
            "UnknownSettingError"]

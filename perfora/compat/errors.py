@@ -1,13 +1,6 @@
-"""Errors of the PerforatedAI shell: unknown names are AttributeErrors that say what to do."""
+"""Deprecated path: the shell's errors live in :mod:`perfora.errors` (works for one more
+release, with a warning)."""
 
-from __future__ import annotations
+from perfora._moved import alias_moved_module
 
-from ..errors import ConfigError, PerforaError
-
-
-class CompatNameError(PerforaError, AttributeError):
-    """A PerforatedAI name that perfora's shell does not provide (hasattr() sees False)."""
-
-
-class UnknownSettingError(ConfigError, AttributeError):
-    """A ``GPA.pc`` setting that does not exist; the message names the nearest one."""
+alias_moved_module(__name__, "perfora.errors")

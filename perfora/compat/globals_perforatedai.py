@@ -11,8 +11,8 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from .conversion import PAISequential
 from .legacy import GlobalsModule, legacy_value
+from .module_selection import PAISequential
 from .names import missing_name_hook
 from .settings import (
     DOING_FIXED_SWITCH,

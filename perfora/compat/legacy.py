@@ -17,9 +17,8 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from ..config import nearest_name
-from ..errors import ConfigError
-from .conversion import _TORCH_LAYERS
-from .errors import UnknownSettingError
+from ..errors import ConfigError, UnknownSettingError
+from .module_selection import _TORCH_LAYERS
 from .settings import SETTINGS, PAISettings
 
 RENAMED = {"input_dimensions": "output_dimensions",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from ..config import nearest_name
-from .errors import CompatNameError
+from ..errors import CompatNameError
 
 
 def missing_name_hook(module: str, public: list[str],

@@ -24,8 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from ..config import PerforaConfig, nearest_name
-from ..errors import ConfigError
-from .errors import CompatNameError, UnknownSettingError
+from ..errors import CompatNameError, ConfigError, UnknownSettingError
 
 DOING_SWITCH_EVERY_TIME = 0
 DOING_HISTORY = 1

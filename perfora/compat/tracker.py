@@ -17,17 +17,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from .. import __version__
+from .._version import __version__
 from ..checkpoint import atomic_write_text
 from ..config import PerforaConfig, nearest_name
 from ..controller import GrowthController
 from ..distributed import is_rank_zero
-from ..distributed.launch import COMPLETE_MARKER
-from ..errors import ConfigError, OrderError
+from ..errors import CompatNameError, ConfigError, OrderError
 from ..layers import dendritic_layers, unwrap_model
-from .errors import CompatNameError
+from ..restart import COMPLETE_MARKER
+from .rewrap import rewrap
 from .settings import PAISettings
-from .wrappers import rewrap
 
 log = logging.getLogger("perfora")
 

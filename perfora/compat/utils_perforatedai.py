@@ -8,12 +8,12 @@ from pathlib import Path
 from torch import nn
 
 from ..checkpoint import load_model, save_model
-from ..convert import perforate
 from ..distributed import is_rank_zero
 from ..errors import ConfigError, OrderError
 from ..layers import unwrap_model
+from ..perforation import perforate
 from . import globals_perforatedai as GPA
-from .conversion import perforate_kwargs
+from .module_selection import perforate_kwargs
 from .names import missing_name_hook
 
 

@@ -1,19 +1,7 @@
-"""Re-wrap a model after a restructure: a new DataParallel/DDP of the same kind and settings."""
+"""Deprecated path: moved to :mod:`perfora.compat.rewrap`.
 
-from __future__ import annotations
+The old path works for one more release, with a DeprecationWarning."""
 
-from torch import nn
+from perfora._moved import alias_moved_module
 
-from ..distributed.fsdp import FSDP2Spec
-from ..distributed.wrappers import wrapper_spec
-from ..errors import ConversionError
-
-
-def rewrap(net: nn.Module) -> nn.Module:
-    """``net`` itself for a plain module; a fresh wrapper of the same class and arguments
-    around the (grown) inner module for DataParallel and DistributedDataParallel."""
-    spec = wrapper_spec(net)
-    if isinstance(spec, FSDP2Spec):
-        raise ConversionError("the compatibility names do not re-shard FSDP2 models; use "
-                              "perfora.GrowthController with perfora.shard_fsdp2, or DDP")
-    return net if spec is None else spec.wrap(net.module)
+alias_moved_module(__name__, "perfora.compat.rewrap")

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..errors import CheckpointError, ConversionError
+from ..errors import CheckpointError, ParallelError
 from ..layers import dendritic_layers
 from .collectives import is_distributed
 
@@ -185,8 +185,8 @@ class FSDP2Spec:
         if not self.sharded(model):
             return model
         if self.template is None:
-            raise ConversionError("perfora lost the unsharded copy of this FSDP2 model; shard "
-                                  "it with perfora.distributed.shard_fsdp2")
+            raise ParallelError("perfora lost the unsharded copy of this FSDP2 model; shard "
+                                "it with perfora.distributed.shard_fsdp2")
         state = full_state_dict(model)
         # the template is kept on the CPU; the copy goes where the shards live (NCCL can
         # only broadcast device tensors)
@@ -236,11 +236,11 @@ def shard_fsdp2(model: nn.Module, *, per_layer: bool = True, **fully_shard_kwarg
     after :func:`perfora.perforate` and before creating the controller.
     """
     if is_fsdp2(model):
-        raise ConversionError("shard_fsdp2 got a model that is already sharded with "
-                              "fully_shard; give it the unsharded, perforated model")
+        raise ParallelError("shard_fsdp2 got a model that is already sharded with "
+                            "fully_shard; give it the unsharded, perforated model")
     if not dendritic_layers(model):
-        raise ConversionError("shard_fsdp2 needs a perforated model: call "
-                              "perfora.perforate(model) first")
+        raise ParallelError("shard_fsdp2 needs a perforated model: call "
+                            "perfora.perforate(model) first")
     return FSDP2Spec(dict(fully_shard_kwargs), per_layer).wrap(model)
 
 
@@ -253,14 +253,14 @@ def wrap_fsdp1(model: nn.Module, **fsdp_kwargs: Any) -> nn.Module:
     (:func:`shard_fsdp2`); this is for code and strategies built on FSDP1.
     """
     if is_fsdp1(model) or is_fsdp2(model):
-        raise ConversionError("wrap_fsdp1 got a model that is already sharded; give it the "
-                              "unsharded, perforated model")
+        raise ParallelError("wrap_fsdp1 got a model that is already sharded; give it the "
+                            "unsharded, perforated model")
     if not dendritic_layers(model):
-        raise ConversionError("wrap_fsdp1 needs a perforated model: call "
-                              "perfora.perforate(model) first")
+        raise ParallelError("wrap_fsdp1 needs a perforated model: call "
+                            "perfora.perforate(model) first")
     for name in ("auto_wrap_policy", "use_orig_params"):
         if name in fsdp_kwargs:
-            raise ConversionError(f"wrap_fsdp1 does not take {name}=: perfora wraps the model "
-                                  "as one FSDP unit with use_orig_params=True so that it can "
-                                  "resize the dendrite parameters")
+            raise ParallelError(f"wrap_fsdp1 does not take {name}=: perfora wraps the model "
+                                "as one FSDP unit with use_orig_params=True so that it can "
+                                "resize the dendrite parameters")
     return FSDP2Spec(dict(fsdp_kwargs), per_layer=False, kind=FSDP1_KIND).wrap(model)

@@ -18,7 +18,7 @@ from typing import Any
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from ..errors import ConversionError, OrderError
+from ..errors import OrderError, ParallelError
 from .fsdp import FSDP2Spec
 
 DDP_KIND, DP_KIND = "ddp", "dp"
@@ -117,7 +117,7 @@ def wrapper_spec(model: nn.Module) -> WrapperSpec | FSDP2Spec | None:
               "dim": getattr(model, "dim", 0)}
         return WrapperSpec(DP_KIND, kw)
     if _is_sharded(model):
-        raise ConversionError(
+        raise ParallelError(
             "this model is sharded with FSDP, but not through perfora: perfora cannot re-shard "
             "it after adding dendrites (fully_shard cannot be applied twice, and new dendrite "
             "parameters would be neither sharded nor synchronized). Shard the perforated, "

@@ -32,9 +32,9 @@ from torch import nn
 from ..checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from ..config import PerforaConfig, nearest_name
 from ..controller import CONTINUE, Decision, GrowthController
-from ..convert import layer_specs, perforate
 from ..errors import CheckpointError, ConfigError, OrderError, PerforaError
 from ..layers import dendritic_layers, unwrap_model
+from ..perforation import layer_specs, perforate
 from .accelerate import _forget
 
 try:

@@ -12,7 +12,7 @@ import pytest
 from paths import ROOT, SCRIPTS
 
 from perfora.cli import main
-from perfora.distributed.launch import (
+from perfora.cli.launch import (
     COMPLETE_MARKER,
     LaunchSettings,
     is_training_complete,

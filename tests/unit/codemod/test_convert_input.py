@@ -21,8 +21,8 @@ from libcst.metadata import MetadataWrapper, PositionProvider  # noqa: E402
 from paths import ROOT, SCRIPTS
 
 from perfora.cli import main  # noqa: E402
+from perfora.cli.convert import MAX_SIZE  # noqa: E402
 from perfora.codemod.analysis import Analyzer  # noqa: E402
-from perfora.codemod.cli import MAX_SIZE  # noqa: E402
 
 ROOT = ROOT
 CORPUS = SCRIPTS / "convert_corpus"

@@ -13,8 +13,8 @@ from torch import nn
 import perfora
 from perfora import ConfigError, ConversionError, DendriticLayer, GrowthController, PerforaConfig
 from perfora.candidates import plan_growth
-from perfora.convert import layer_specs, rebuild_structure
 from perfora.layers import dendritic_layers
+from perfora.perforation import layer_specs, rebuild_structure
 from perfora.signal import ErrorSignalProbe, input_rows
 
 ACT = {"sigmoid": torch.sigmoid, "tanh": torch.tanh, "relu": F.relu}

@@ -7,11 +7,11 @@ import json
 import sys
 from collections.abc import Sequence
 
-from .errors import PerforaError
+from ..errors import PerforaError
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from .demo import format_table, run_demo
+    from ..demo import format_table, run_demo
 
     result = run_demo(seed=args.seed, out=args.out, hidden=args.hidden,
                       patience=args.patience, max_dendrites=args.max_dendrites,
@@ -28,8 +28,8 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _launch(args: argparse.Namespace) -> int:
-    from .distributed.launch import LaunchSettings, launch
-    from .errors import ConfigError
+    from ..errors import ConfigError
+    from .launch import LaunchSettings, launch
 
     script_args = list(args.script_args)
     if script_args[:1] == ["--"]:
@@ -54,7 +54,7 @@ def _convert(args: argparse.Namespace) -> int:
         print('perfora convert: error: the script converter needs libcst: '
               'pip install "perfora[convert]"', file=sys.stderr)
         return 2
-    from .codemod.cli import run_convert
+    from .convert import run_convert
 
     return run_convert(args)
 
