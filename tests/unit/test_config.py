@@ -1,0 +1,115 @@
+"""PerforaConfig: one validated settings object; every bad value names the setting and fix."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from perfora import ConfigError, PerforaConfig
+from perfora.config import setting_names
+
+INT_SETTINGS = {"n_epochs_to_switch": 1, "history_lookback": 1, "fixed_switch_num": 1,
+                "max_dendrites": 0, "max_dendrite_tries": 1, "candidate_pool": 1,
+                "candidate_steps": 0, "signal_rows": 16, "correlation_patience": 1,
+                "seed": 0, "latest_every": 1}
+BOOL_SETTINGS = ["maximize", "retain_all_dendrites", "capacity_test", "save_checkpoints"]
+
+
+def test_defaults_are_valid_and_round_trip_through_json():
+    config = PerforaConfig()
+    data = json.loads(json.dumps(config.to_dict()))
+    assert PerforaConfig.from_dict(data) == config
+    assert set(data) == set(setting_names())
+
+
+def test_a_changed_config_round_trips_with_a_threshold_schedule():
+    config = PerforaConfig(maximize=False, improvement_threshold=[1e-3, 1e-4], rule="correlation",
+                           target_score=1, activation="tanh", extra={"k": [1, 2]})
+    again = PerforaConfig.from_dict(json.loads(json.dumps(config.to_dict())))
+    assert again == config
+    assert again.improvement_threshold == (1e-3, 1e-4)
+    assert isinstance(again.target_score, float)
+
+
+@pytest.mark.parametrize("name,minimum", sorted(INT_SETTINGS.items()))
+def test_integer_settings_refuse_values_below_their_minimum(name, minimum):
+    with pytest.raises(ConfigError, match=f"{name} must be >= {minimum}"):
+        PerforaConfig(**{name: minimum - 1})
+
+
+@pytest.mark.parametrize("name", sorted(INT_SETTINGS))
+def test_integer_settings_refuse_bools_and_fractions_but_take_whole_floats(name):
+    with pytest.raises(ConfigError, match=f"{name} must be an integer"):
+        PerforaConfig(**{name: True})
+    with pytest.raises(ConfigError, match=f"{name} must be an integer"):
+        PerforaConfig(**{name: INT_SETTINGS[name] + 0.5})
+    value = getattr(PerforaConfig(**{name: float(INT_SETTINGS[name] + 2)}), name)
+    assert value == INT_SETTINGS[name] + 2 and type(value) is int
+
+
+@pytest.mark.parametrize("name", BOOL_SETTINGS)
+def test_bool_settings_refuse_truthy_non_bools(name):
+    with pytest.raises(ConfigError, match=f"{name} must be True or False"):
+        PerforaConfig(**{name: 1})
+
+
+@pytest.mark.parametrize("settings,message", [
+    ({"switch_mode": "patient"}, "did you mean 'patience'"),
+    ({"rule": "hebbian"}, "value for rule"),
+    ({"activation": "gelu"}, "value for activation"),
+    ({"dendrite_init": "xavier"}, "value for dendrite_init"),
+    ({"improvement_threshold": []}, "an empty sequence"),
+    ({"improvement_threshold": "1e-4"}, "a number or a sequence"),
+    ({"improvement_threshold": -1.0}, "improvement_threshold must be >= 0"),
+    ({"improvement_threshold_raw": float("nan")}, "must be a finite number"),
+    ({"target_score": float("inf")}, "target_score must be a finite number"),
+    ({"grow_fraction": 0}, r"grow_fraction must be a fraction in \(0, 1\]"),
+    ({"grow_fraction": 1.5}, r"grow_fraction must be a fraction in \(0, 1\]"),
+    ({"candidate_lr": 0}, "candidate_lr must be a positive number"),
+    ({"dendrite_init_scale": 1e5}, "overflow"),
+    ({"correlation_max_epochs_ratio": 0}, "correlation_max_epochs_ratio must be a positive"),
+    ({"checkpoint_time_budget": 0}, r"checkpoint_time_budget must be a fraction in \(0, 1\]"),
+    ({"checkpoint_time_budget": 2}, r"checkpoint_time_budget must be a fraction in \(0, 1\]"),
+    ({"extra": [1]}, "extra must be a dict"),
+    ({"rule": "correlation", "grow_fraction": 0.5}, "cannot be combined with rule='correlation'"),
+])
+def test_bad_values_name_the_setting(settings, message):
+    with pytest.raises(ConfigError, match=message):
+        PerforaConfig(**settings)
+
+
+@pytest.mark.parametrize("name,suggestion", [("patience", "n_epochs_to_switch"),
+                                             ("max_tries", "max_dendrite_tries"),
+                                             ("max_dendrite", "max_dendrites"),
+                                             ("retain", "retain_all_dendrites")])
+def test_unknown_names_suggest_the_setting_meant(name, suggestion):
+    for build in (lambda: PerforaConfig(**{name: 1}),
+                  lambda: PerforaConfig.from_dict({name: 1}),
+                  lambda: PerforaConfig().replace(**{name: 1})):
+        with pytest.raises(ConfigError, match=f"did you mean '{suggestion}'"):
+            build()
+
+
+def test_replace_validates_and_leaves_the_original_alone():
+    config = PerforaConfig()
+    changed = config.replace(max_dendrites=2)
+    assert (config.max_dendrites, changed.max_dendrites) == (5, 2)
+    with pytest.raises(ConfigError, match="max_dendrites must be >= 0"):
+        config.replace(max_dendrites=-1)
+
+
+def test_threshold_schedule_is_indexed_by_dendrite_count_and_holds_its_last_value():
+    config = PerforaConfig(improvement_threshold=(0.1, 0.01))
+    assert [config.threshold_for(k) for k in range(4)] == [0.1, 0.01, 0.01, 0.01]
+    assert PerforaConfig(improvement_threshold=0.5).threshold_for(3) == 0.5
+
+
+def test_error_signal_is_recorded_only_when_growth_uses_it():
+    assert PerforaConfig().uses_error_signal()
+    assert not PerforaConfig(dendrite_init="default").uses_error_signal()
+    assert PerforaConfig(dendrite_init="default", grow_fraction=0.5).uses_error_signal()
+
+
+def test_no_time_budget_is_allowed():
+    assert PerforaConfig(checkpoint_time_budget=None).checkpoint_time_budget is None
