@@ -176,7 +176,7 @@ def nccl_restructures() -> dict:
 
 def lightning_runs(out: Path) -> dict:
     """Real Trainer(accelerator='gpu', devices=1) fits through the test script."""
-    script = ROOT / "tests" / "lightning_scripts" / "run_digits.py"
+    script = ROOT / "tests" / "scripts" / "lightning" / "run_digits.py"
     runs = {
         "ddp_bf16": ["--strategy", "ddp", "--precision", "bf16-mixed"],
         "model_parallel": ["--strategy", "model_parallel"],
@@ -207,7 +207,7 @@ def lightning_runs(out: Path) -> dict:
 
 def _fit(out: Path, name: str, *extra: str) -> dict:
     """One Lightning fit of the test script on one GPU; its rank-0 record, or the error."""
-    script = ROOT / "tests" / "lightning_scripts" / "run_digits.py"
+    script = ROOT / "tests" / "scripts" / "lightning" / "run_digits.py"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get(
         "PYTHONPATH", "")]), CUBLAS_WORKSPACE_CONFIG=":4096:8")
     for var in ("MASTER_ADDR", "MASTER_PORT"):

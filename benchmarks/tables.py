@@ -1,0 +1,373 @@
+"""Regenerate the results tables of benchmarks/README.md from the JSON in benchmarks/results/.
+
+Every table in benchmarks/README.md sits between two marker comments::
+
+    <!-- table:NAME -->
+
+    | ... the table, written by this script ... |
+
+    <!-- /table -->
+
+and NAME is one of ``TABLES`` below, each a function of the stored JSON. Text outside the
+markers is left alone.
+
+    python benchmarks/tables.py            # rewrite the tables in benchmarks/README.md
+    python benchmarks/tables.py --check    # change nothing; exit 1 if a table is out of date
+    python benchmarks/tables.py --print quality   # print one table
+
+Run it after a benchmark has written new results (``benchmarks/overhead.py``,
+``quality.py``, ``ddp.py``, ...). The test suite runs ``--check``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import re
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+README = HERE / "README.md"
+
+MARKER = re.compile(r"(<!-- table:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /table -->)",
+                    flags=re.S)
+
+
+def _load(name: str) -> dict[str, Any]:
+    return json.loads((RESULTS / name).read_text())
+
+
+def _rows(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------- training-step overhead
+def _model_name(name: str) -> str:
+    kind, _, rest = name.partition(" ")
+    return f"{kind.upper()} {rest}"
+
+
+def _overhead(result: dict[str, Any]) -> str:
+    """One row per model and batch: K=0's ratio, then each K's ratio and ratio / ideal.
+
+    A quick run (3 rounds) is rough, so its K=0 ratio gets 2 decimals instead of 3. Where the
+    ratio over the ideal rounds to the target itself, the quartiles say on which side it is.
+    """
+    target = result["targets"]["ratio_over_ideal_max"]
+    k0_digits = 2 if result.get("quick") else 3
+    groups: dict[tuple[str, int], dict[int, dict[str, Any]]] = {}
+    for row in result["rows"]:
+        groups.setdefault((row["model"], row["batch"]), {})[row["K"]] = row
+    ks = sorted({row["K"] for row in result["rows"]} - {0})
+    header = ["model", "batch", "K=0"] + [f"K={k} (÷ ideal {k + 1})" for k in ks]
+    out = []
+    for (model, batch), by_k in groups.items():
+        cells = [_model_name(model), str(batch), f"{by_k[0]['ratio']:.{k0_digits}f}x"]
+        for k in ks:
+            row = by_k[k]
+            over = row["ratio"] / row["ideal"]
+            note = ""
+            if round(over, 2) == target:
+                note = (f", q1–q3 {row['ratio_q1'] / row['ideal']:.2f}–"
+                        f"{row['ratio_q3'] / row['ideal']:.2f}")
+            cells.append(f"{row['ratio']:.2f}x ({over:.2f}{note})")
+        out.append(cells)
+    return _rows(header, out)
+
+
+def table_overhead() -> str:
+    """``overhead.py --threads 1 --clock cpu``: eager training step, ratio to the plain model."""
+    return _overhead(_load("overhead.json"))
+
+
+def table_overhead_compiled() -> str:
+    """``overhead.py --compile --quick``: both sides under ``torch.compile``."""
+    return _overhead(_load("overhead_compiled.json"))
+
+
+# --------------------------------------------------------------------------- export speed
+def table_export_speed() -> str:
+    """``export_speed.py``: live / exported inference time over the plain model's, per K."""
+    result = _load("export_speed.json")
+    cases: dict[str, dict[int, dict[str, Any]]] = {}
+    for row in result["rows"]:
+        cases.setdefault(row["case"], {})[row["K"]] = row
+    ks = sorted({row["K"] for row in result["rows"]})
+    out = []
+    for case, by_k in cases.items():
+        kind, _, rest = case.partition("-")
+        size, _, batch = rest.partition(" b")
+        name = f"{kind.upper()} {size}, batch {batch}, live / exported"
+        out.append([name] + [f"{by_k[k]['live']:.2f} / {by_k[k]['export']:.2f}" for k in ks])
+    return _rows(["model"] + [f"K={k}" for k in ks], out)
+
+
+# ------------------------------------------------------------------------------------ DDP
+_DDP_NAMES = {"plain": "plain DDP, unconverted model"}
+
+
+def _ddp_variant(name: str) -> str:
+    if name in _DDP_NAMES:
+        return _DDP_NAMES[name]
+    if name.startswith("perfora "):
+        return "perfora, " + name.removeprefix("perfora ")
+    if name.startswith("seed way "):
+        return "seed's way (`find_unused_parameters=True`), " + name.removeprefix("seed way ")
+    return name
+
+
+def table_ddp() -> str:
+    """``ddp.py``: ms per step and ratios, 2 gloo ranks."""
+    result = _load("ddp.json")
+    out = []
+    for row in result["rows"]:
+        extra = row.get("ratio_to_perfora")
+        out.append([_ddp_variant(row["variant"]), f"{row['ms_per_step']:.1f}",
+                    f"{row['ratio_to_plain']:.2f}x", "" if extra is None else f"{extra:.2f}x"])
+    return _rows(["variant", "ms/step", "vs plain DDP",
+                  "`find_unused_parameters=True` vs perfora"], out)
+
+
+def table_ddp_restructure() -> str:
+    """``ddp.py``: one restructure in-process against one restart of the restart workflow."""
+    result = _load("ddp.json")
+    in_process = statistics.median(result["restructure_in_process_ms"])
+    restart = statistics.median(result["restart_s"])
+    return _rows(["one restructure in-process (median ms)", "one restart (median s)",
+                  "restart / in-process"],
+                 [[f"{in_process:.0f}", f"{restart:.1f}",
+                   f"{result['restart_over_in_process']:.0f}x"]])
+
+
+# -------------------------------------------------------------------------------- quality
+def _points(value: float | None) -> str:
+    return "" if value is None else f"{value:+.1f}"
+
+
+def table_quality() -> str:
+    """``quality.py``: every task and arm against the width curve (medians over seeds)."""
+    result = _load("quality.json")
+    out = []
+    for r in result["summary"]:
+        beyond = " (beyond)" if r.get("beyond_curve") else ""
+        counts = "" if r["counts"] is None else ("yes" if r["counts"] else "no")
+        out.append([r["task"], r["arm"], f"{r['params']:.0f}", f"{r['dendrites']:g}",
+                    f"{r['kept']}/{r['runs']}", _points(r["vs_curve"]) + beyond,
+                    _points(r["vs_start"]), counts])
+    return _rows(["task", "arm", "params", "dendrites (median)", "kept", "vs_curve",
+                  "vs_start", "counts"], out)
+
+
+def table_quality_curve() -> str:
+    """``quality.py``: the width curves, median test accuracy (%) at each width's params."""
+    result = _load("quality.json")
+    out = []
+    for task, summary in result["tasks"].items():
+        points = ", ".join(f"{c['width']}: {100 * c['median']:.1f} ({c['params']:.0f})"
+                           for c in summary["curve"])
+        out.append([task, points])
+    return _rows(["task", "curve"], out)
+
+
+def table_quality_setup() -> str:
+    """``quality.py``: how the stored run was made."""
+    result = _load("quality.json")
+    setup = result["setup"]
+    return _rows(["seeds", "patience", "max_dendrites", "epoch cap", "lr", "runs", "jobs",
+                  "seconds", "torch"],
+                 [[str(len(setup["seeds"])), str(setup["patience"]),
+                   str(setup["max_dendrites"]), f"{setup['max_epochs']:,}", f"{setup['lr']:g}",
+                   str(len(result["runs"])), str(setup["jobs"]),
+                   f"{result['total_seconds']:.0f}", setup["torch"]]])
+
+
+# -------------------------------------------------------------------------------- held-out
+def table_heldout() -> str:
+    """``heldout.py``: the grown model against a plain MLP of its size (medians over seeds)."""
+    result = _load("heldout.json")
+    out = []
+    for entry in result["summary"]:
+        mine = [r for r in result["runs"] if r["dataset"] == entry["dataset"]]
+
+        def med(arm: str, key: str, mine: list = mine) -> float:
+            return statistics.median(r[arm][key] for r in mine)
+
+        out.append([entry["dataset"], f"{100 * entry['grown']:.1f}",
+                    f"{med('grown', 'params'):.0f}", f"{med('grown', 'dendrites'):g}",
+                    f"{100 * entry['plain']:.1f}", f"{med('plain', 'params'):.0f}",
+                    f"{entry['gap']:+.1f}"])
+    return _rows(["data set", "grown: median test acc", "params", "sets kept",
+                  "plain of that size: median test acc", "params",
+                  "grown minus plain (points)"], out)
+
+
+# ---------------------------------------------------------------------------- convert size
+def table_convert_size() -> str:
+    """``convert_size.py``: time and peak memory of ``perfora convert`` by script size."""
+    result = _load("convert_size.json")
+    out = []
+    for row in result["rows"]:
+        ratio = row["ratio_to_previous"]
+        out.append([row["shape"], f"{row['bytes']:,}", f"{row['seconds']:.1f}",
+                    f"{row['peak_mb']:,}", f"{row['seconds_per_mb']:.1f}",
+                    "" if ratio is None else f"{ratio:.2f}x"])
+    return _rows(["shape", "bytes", "seconds", "peak MB", "s per MB (after start-up)",
+                  "work vs the previous size"], out)
+
+
+# ------------------------------------------------------------------------------ GPU check
+def table_gpu_step() -> str:
+    """``gpu_check.py``: one training step on the GPU, K dendrites against the plain model."""
+    result = _load("gpu_check_h200.json")["growth_on_cuda"]
+    return _rows(["variant", "ms/step", "vs plain"],
+                 [[name, f"{ms:.2f}", f"{result['step_ratio_vs_plain'][name]:.2f}x"]
+                  for name, ms in result["step_ms"].items()])
+
+
+def _run(entry: dict[str, Any]) -> str:
+    if entry.get("rc") != 0:
+        return "refused (`PerforaError`)" if "PerforaError" in entry.get("error", "") \
+            else "failed"
+    return f"{entry['num_dendrites']} sets, {entry['seconds']:.0f} s"
+
+
+def table_gpu_runs() -> str:
+    """``gpu_check.py``: the Lightning, DeepSpeed and FSDP1 runs on one GPU."""
+    result = _load("gpu_check_h200.json")
+    out = []
+    for name in ("ddp_bf16", "model_parallel", "single_accumulate"):
+        out.append([f"Lightning `{name}`", _run(result["lightning"][name]), "", ""])
+    for name, key in (("deepspeed", "deepspeed_vs_ddp_max_diff"),
+                      ("fsdp1", "fsdp1_vs_ddp_max_diff")):
+        runs = result[name]
+        out.append([f"Lightning `{name}`", _run(runs["full"]),
+                    f"{runs['resumed_vs_full_max_diff']:g}", f"{runs[key]:g}"])
+    out.append(["Lightning `deepspeed` ZeRO stage 3", _run(result["deepspeed"]["stage3"]),
+                "", ""])
+    return _rows(["run", "result", "resumed after a growth step vs uninterrupted (max diff)",
+                  "vs `ddp` (max diff)"], out)
+
+
+def table_gpu_growth() -> str:
+    """``gpu_check.py``: growth on CUDA and over NCCL, outputs before and after."""
+    result = _load("gpu_check_h200.json")
+    cuda, nccl, err = result["growth_on_cuda"], result["nccl"], result["error_growth"]
+    out = [[f"growth on CUDA, {name}", f"{cuda[name]['growth_output_change']:g}",
+            "bf16 autocast gradients finite" if cuda[name]["bf16_grads_finite"] else ""]
+           for name in ("mlp", "conv")]
+    out.append(["DDP over NCCL", "", "re-wrapped" if nccl["ddp"]["rewrapped"] else ""])
+    fsdp2 = nccl["fsdp2"]
+    out.append(["FSDP2 over NCCL", f"{fsdp2['growth_output_change']:g}",
+                f"resumed output diff {fsdp2['resumed_output_diff']:g}, optimizer state "
+                + ("restored" if fsdp2["optimizer_state_restored"] else "lost")])
+    for name in ("ddp_mlp", "ddp_conv", "fsdp2_mlp"):
+        run = err[name]
+        sets = ", ".join(f"`{layer}`: {'/'.join(map(str, fed))}"
+                         for layer, fed in run["fed"].items())
+        out.append([f"error-driven selective growth, {name.replace('_', ' ')}",
+                    f"{run['output_change']:g}",
+                    f"{run['dendrites']} half-width sets (neurons fed per set: {sets})"])
+    out.append(["one growth plan for a "
+                f"{err['plan_2048_wide_weight'][1]}-wide Linear", "",
+                f"{err['plan_2048_wide_seconds']:.2f} s"])
+    return _rows(["check", "largest output change at growth", "notes"], out)
+
+
+# ------------------------------------------------------------------------------------ demo
+def table_demo() -> str:
+    """``perfora demo --json --seed S``: the three arms, per seed."""
+    result = _load("demo.json")
+    out = []
+    for seed, run in sorted(result["seeds"].items(), key=lambda item: int(item[0])):
+        arms = {arm["name"]: arm for arm in run["arms"]}
+        base, dend, wide = arms["baseline"], arms["dendrites"], arms["wider"]
+        gap = 100 * (dend["test_accuracy"] - wide["test_accuracy"])
+        out.append([seed, f"{base['params']}, {base['test_accuracy']:.4f}",
+                    f"{dend['params']}, {dend['dendrites']}, {dend['test_accuracy']:.4f}",
+                    f"{run['wider_hidden']}, {wide['params']}, {wide['test_accuracy']:.4f}",
+                    f"{gap:+.1f} points"])
+    return _rows(["seed", "baseline (params, test acc)", "dendrites (params, sets, test acc)",
+                  "wider (hidden, params, test acc)", "dendrites vs wider"], out)
+
+
+TABLES: dict[str, Callable[[], str]] = {
+    "overhead": table_overhead,
+    "overhead-compiled": table_overhead_compiled,
+    "export-speed": table_export_speed,
+    "ddp": table_ddp,
+    "ddp-restructure": table_ddp_restructure,
+    "quality-setup": table_quality_setup,
+    "quality": table_quality,
+    "quality-curve": table_quality_curve,
+    "heldout": table_heldout,
+    "convert-size": table_convert_size,
+    "gpu-step": table_gpu_step,
+    "gpu-growth": table_gpu_growth,
+    "gpu-runs": table_gpu_runs,
+    "demo": table_demo,
+}
+
+
+def render(text: str) -> str:
+    """``text`` with every marked table regenerated; an unknown or missing name is an error."""
+    seen = set()
+
+    def fill(match: re.Match[str]) -> str:
+        name = match.group("name")
+        if name not in TABLES:
+            raise SystemExit(f"tables.py: unknown table {name!r} in {README.name}; known: "
+                             f"{', '.join(TABLES)}")
+        seen.add(name)
+        # blank lines around the table: Markdown must not read it as part of the comment
+        return f"{match.group(1)}\n{TABLES[name]()}\n\n{match.group(4)}"
+
+    out = MARKER.sub(fill, text)
+    missing = set(TABLES) - seen
+    if missing:
+        raise SystemExit(f"tables.py: {README.name} has no marker for "
+                         f"{', '.join(sorted(missing))} (<!-- table:NAME --> ... "
+                         f"<!-- /table -->)")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true",
+                        help="change nothing; exit 1 when a table differs from the JSON")
+    parser.add_argument("--print", dest="show", choices=list(TABLES), metavar="NAME",
+                        help=f"print one table: {', '.join(TABLES)}")
+    parser.add_argument("--readme", type=Path, default=README, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.show:
+        print(TABLES[args.show]())
+        return 0
+    text = args.readme.read_text()
+    new = render(text)
+    if args.check:
+        if new != text:
+            diff = difflib.unified_diff(text.splitlines(True), new.splitlines(True),
+                                        str(args.readme), "regenerated from the JSON")
+            sys.stdout.writelines(diff)
+            print(f"\n{args.readme} is out of date: run python benchmarks/tables.py",
+                  file=sys.stderr)
+            return 1
+        print(f"{args.readme}: {len(MARKER.findall(text))} tables match the JSON")
+        return 0
+    if new != text:
+        args.readme.write_text(new)
+        print(f"rewrote the tables in {args.readme}")
+    else:
+        print(f"{args.readme}: tables already up to date")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
