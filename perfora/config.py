@@ -54,7 +54,7 @@ class PerforaConfig:
     next one on top, up to ``max_dendrites``; completion still returns the best model seen.
     False: a set that fails is discarded and retried (``max_dendrite_tries``), and growth ends
     when the tries are spent (PerforatedAI's behaviour; shorter runs). True is the default
-    because it measured better in ``benchmarks/quality.py`` (see the README)."""
+    because it measured better in ``benchmarks/quality.py`` (``benchmarks/README.md``)."""
     capacity_test: bool = False
     """Quick smoke test: switch every epoch, keep every set, stop after 3 additions."""
     activation: str | None = None
