@@ -11,7 +11,6 @@ from .adapter import load_dendrites, save_dendrites  # noqa: E402
 from .candidates import GrowthPlan, plan_growth  # noqa: E402
 from .checkpoint import load_checkpoint, load_model, save_model  # noqa: E402
 from .config import PerforaConfig  # noqa: E402
-from .controller import ControllerState, Decision, GrowthController  # noqa: E402
 from .errors import (  # noqa: E402
     CheckpointError,
     ConfigError,
@@ -25,6 +24,7 @@ from .errors import (  # noqa: E402
     ShapeMismatchError,
 )
 from .export import export  # noqa: E402
+from .growth import ControllerState, Decision, GrowthController  # noqa: E402
 from .layers import DendriticLayer, dendritic_layers, unwrap_model  # noqa: E402
 from .perforation import ConversionReport, describe, perforate  # noqa: E402
 from .restart import mark_training_complete  # noqa: E402

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .distributed.collectives import all_reduce_values, is_distributed, world_size
 from .layers import _ACTIVATIONS, DendriticLayer
 from .moments import abs_correlation
+from .parallel.collectives import all_reduce_values, is_distributed, world_size
 
 WORK_PER_STEP = 2.5e8
 """Multiply-adds one candidate-training step may cost: larger layers train smaller pools."""

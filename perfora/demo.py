@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from .config import PerforaConfig
-from .controller import GrowthController
+from .growth import GrowthController
 from .perforation import perforate
 
 SPLIT_SEED = 1234  # the train/validation/test split is fixed, whatever --seed says

@@ -21,10 +21,11 @@ import torch
 from torch import nn
 
 from .config import PerforaConfig, nearest_name
-from .controller import CONTINUE, Decision, GrowthController
-from .distributed.fsdp import is_fsdp1
 from .errors import ConfigError, PerforaError
+from .growth import GrowthController
+from .growth.state import CONTINUE, Decision
 from .layers import dendritic_layers
+from .parallel.sharded_state import is_fsdp1
 from .perforation import layer_specs, perforate
 
 try:  # the unified package first, then the standalone one
@@ -233,7 +234,7 @@ class DendriteGrowth(Callback):
         self._validations += 1
         score = self._read_monitor(trainer)
         # read-only for the controller: the learning rate in metrics.csv and history.png
-        self.controller.optimizer = trainer.optimizers[0] if trainer.optimizers else None
+        self.controller.hand_over_optimizer(trainer.optimizers[0] if trainer.optimizers else None)
         decision = self.controller.step(score, model=self.target(pl_module))
         self.last_decision = decision
         if decision.action != CONTINUE:

@@ -42,6 +42,11 @@ class RunReport:
     def metrics_path(self) -> Path:
         return self.run_dir / "metrics.csv"
 
+    def rewrite_metrics(self, history: Sequence[Mapping[str, Any]]) -> None:
+        """Write metrics.csv anew from the whole history (after a load: columns may differ)."""
+        self._columns = None
+        self.write_metrics(history)
+
     def write_metrics(self, history: Sequence[Mapping[str, Any]]) -> None:
         """Append the last row, or rewrite the file when the columns changed (or on resume)."""
         if not history:

@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 
 from .checkpoint import atomic_write_text
-from .distributed.collectives import is_rank_zero
+from .parallel.collectives import is_rank_zero
 
 COMPLETE_MARKER = ".training_complete"
 """File a script writes (rank 0) into its run folder when training is complete."""

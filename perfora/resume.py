@@ -9,8 +9,8 @@ from torch import nn
 
 from .checkpoint import fit_structure, load_checkpoint
 from .config import PerforaConfig
-from .controller import GrowthController, rehearse_checkpoint
 from .errors import CheckpointError, ConfigError
+from .growth.controller import GrowthController, rehearse_checkpoint
 from .optim import OptimizerRecipe, SchedulerRecipe
 
 

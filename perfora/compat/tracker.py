@@ -20,10 +20,10 @@ from torch import nn
 from .._version import __version__
 from ..checkpoint import atomic_write_text
 from ..config import PerforaConfig, nearest_name
-from ..controller import GrowthController
-from ..distributed import is_rank_zero
 from ..errors import CompatNameError, ConfigError, OrderError
+from ..growth import GrowthController
 from ..layers import dendritic_layers, unwrap_model
+from ..parallel.collectives import is_rank_zero
 from ..restart import COMPLETE_MARKER
 from .rewrap import rewrap
 from .settings import PAISettings

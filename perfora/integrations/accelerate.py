@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
-from ..controller import Decision, GrowthController
 from ..errors import OrderError
+from ..growth import Decision, GrowthController
 from ..layers import unwrap_model
 
 CONTROLLER_FILE = "perfora.safetensors"

@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
-from ..controller import Decision
 from ..errors import OrderError
+from ..growth.state import Decision
 from ..layers import unwrap_model
 
 

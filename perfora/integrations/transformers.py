@@ -31,8 +31,9 @@ from torch import nn
 
 from ..checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from ..config import PerforaConfig, nearest_name
-from ..controller import CONTINUE, Decision, GrowthController
 from ..errors import CheckpointError, ConfigError, OrderError, PerforaError
+from ..growth import GrowthController
+from ..growth.state import CONTINUE, Decision
 from ..layers import dendritic_layers, unwrap_model
 from ..perforation import layer_specs, perforate
 from .accelerate import _forget
@@ -174,7 +175,7 @@ class DendriteGrowthCallback(TrainerCallback):
             return
         optimizer = trainer.optimizer
         # read-only for the controller: the learning rate in metrics.csv
-        ctl.optimizer = getattr(optimizer, "optimizer", optimizer)
+        ctl.hand_over_optimizer(getattr(optimizer, "optimizer", optimizer))
         decision = ctl.step(score, model=self.target(trainer.model))
         self.last_decision = decision
         if decision.action != CONTINUE:

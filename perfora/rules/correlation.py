@@ -20,12 +20,11 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
-from ..distributed.collectives import is_distributed
 from ..layers import DendriticLayer
 from ..moments import abs_correlation
+from ..parallel.collectives import all_reduce_values, is_distributed
 from .base import LearningRule, RuleStep
 
 DENDRITE = "dendrite"
@@ -146,10 +145,7 @@ def reduce_moments(moments: list[torch.Tensor]) -> list[torch.Tensor]:
     if not moments or not is_distributed():
         return moments
     flat = torch.cat([m.reshape(-1) for m in moments]).double()
-    device = (torch.device("cuda", torch.cuda.current_device())
-              if dist.get_backend() == "nccl" else torch.device("cpu"))
-    flat = flat.to(device)
-    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+    flat = all_reduce_values(flat, "sum")
     return list(flat.cpu().split([m.numel() for m in moments]))
 
 

@@ -18,6 +18,12 @@ MOVED = {
     "perfora.compat.conversion": "perfora.compat.module_selection",
     "perfora.compat.wrappers": "perfora.compat.rewrap",
     "perfora.compat.errors": "perfora.errors",
+    "perfora.controller": "perfora.growth.controller",
+    "perfora.distributed.collectives": "perfora.parallel.collectives",
+    "perfora.distributed.fingerprint": "perfora.parallel.fingerprint",
+    "perfora.distributed.helpers": "perfora.parallel.helpers",
+    "perfora.distributed.wrappers": "perfora.parallel.wrappers",
+    "perfora.distributed.fsdp": "perfora.parallel.fsdp",
 }
 
 

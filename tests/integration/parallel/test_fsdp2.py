@@ -19,7 +19,7 @@ from torch.distributed.tensor import DTensor
 import perfora
 from perfora.checkpoint import load_checkpoint
 from perfora.distributed import full_state_dict, shard_fsdp2
-from perfora.distributed.fsdp import gather_optimizer_state, shard_optimizer_state
+from perfora.parallel.sharded_state import gather_optimizer_state, shard_optimizer_state
 
 
 def _flat(state: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -64,7 +64,7 @@ def grow_under_fsdp2(rank: int, tmp: Path, settings: dict) -> dict:
         with torch.no_grad():
             after = model(_probe())
         out_change.append((after - before).abs().max().item())
-        kwargs_kept.append(ctl._wrapper.kwargs.get("reshard_after_forward"))
+        kwargs_kept.append(ctl.backend.kwargs.get("reshard_after_forward"))
     grown = _flat(full_state_dict(model))
     for epoch in range(2, 4):
         train_epoch(model, opt, rank, epoch)

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import perfora
-from perfora.distributed.fsdp import full_state_dict
+from perfora.parallel.sharded_state import full_state_dict
 
 
 def main() -> None:

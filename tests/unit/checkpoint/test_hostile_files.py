@@ -31,8 +31,8 @@ from perfora import (
     load_checkpoint,
 )
 from perfora import checkpoint as ckpt_module
-from perfora import controller as controller_module
 from perfora.checkpoint import append_text, remove_stale_temp_files
+from perfora.growth import controller as controller_module
 from perfora.layers import DendriticLayer
 
 X = torch.randn(16, 4, generator=torch.Generator().manual_seed(0))

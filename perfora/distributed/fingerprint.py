@@ -1,0 +1,7 @@
+"""Deprecated path: moved to :mod:`perfora.parallel.fingerprint`.
+
+The old path works for one more release, with a DeprecationWarning."""
+
+from perfora._moved import alias_moved_module
+
+alias_moved_module(__name__, "perfora.parallel.fingerprint")

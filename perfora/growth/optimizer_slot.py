@@ -1,0 +1,101 @@
+"""The optimizer slot: who owns the optimizer, and what happens to it at a restructure.
+
+Three owners: a recipe (``set_optimizer``/``set_scheduler``: perfora builds and rebuilds
+it), the user (``set_optimizer_instance``: dropped at a restructure, the user builds the
+next), or a framework (Lightning, HF Trainer: handed over each epoch, read for the learning
+rate and saved, never rebuilt here).
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import OrderError
+from ..layers import unwrap_model
+from ..optim import (
+    OptimizerRecipe,
+    SchedulerRecipe,
+    check_plateau_mode,
+    current_lr,
+    step_scheduler,
+)
+
+
+class OptimizerSlot:
+    """The optimizer and scheduler in use, and the recipe or owner they come from."""
+
+    def __init__(self) -> None:
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.scheduler: Any = None
+        self.recipe: OptimizerRecipe | None = None
+        self.scheduler_recipe: SchedulerRecipe | None = None
+        self.user_owned = False
+
+    def set_recipe(self, cls: type[torch.optim.Optimizer], kwargs: dict[str, Any]) -> None:
+        """Register the optimizer class and arguments; rebuilt after every restructure."""
+        self.recipe = OptimizerRecipe(cls, dict(kwargs))
+        self.user_owned = False
+
+    def set_scheduler(self, cls: type, kwargs: dict[str, Any]) -> None:
+        """Register the LR scheduler class and arguments."""
+        self.scheduler_recipe = SchedulerRecipe(cls, dict(kwargs))
+
+    def build(self, model: nn.Module, maximize: bool) -> tuple[torch.optim.Optimizer, Any]:
+        """(Re)build optimizer and scheduler over the model's trainable parameters."""
+        if self.recipe is None:
+            raise OrderError("build_optimizer() before set_optimizer(): register the "
+                             "optimizer class first, e.g. ctl.set_optimizer(torch.optim.Adam, "
+                             "lr=1e-3)")
+        self.optimizer = self.recipe.build(unwrap_model(model))
+        self.scheduler = None
+        if self.scheduler_recipe is not None:
+            self.scheduler = self.scheduler_recipe.build(self.optimizer)
+            check_plateau_mode(self.scheduler, maximize)
+        return self.optimizer, self.scheduler
+
+    def set_instance(self, optimizer: torch.optim.Optimizer, scheduler: Any = None) -> None:
+        """Use the user's optimizer; they rebuild it after a restructure (warned)."""
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise OrderError(f"set_optimizer_instance needs a torch.optim.Optimizer, got "
+                             f"{type(optimizer).__name__}")
+        self.optimizer, self.scheduler = optimizer, scheduler
+        self.user_owned = True
+        self.recipe = None
+        warnings.warn("perfora cannot rebuild an optimizer it did not build: after every "
+                      "decision with restructured=True, create a new optimizer over "
+                      "model.parameters() and pass it to set_optimizer_instance again (or "
+                      "use set_optimizer(cls, **kwargs) and let perfora rebuild it)",
+                      stacklevel=3)
+
+    def hand_over(self, optimizer: torch.optim.Optimizer | None) -> None:
+        """A framework's current optimizer: read for the learning rate and saved, not rebuilt."""
+        self.optimizer = optimizer
+
+    @property
+    def rebuildable(self) -> bool:
+        """True when perfora builds the optimizer (its saved state can be restored)."""
+        return self.recipe is not None and not self.user_owned
+
+    @property
+    def expected(self) -> bool:
+        """True when an optimizer is in use or will be built (usage tracking counts steps)."""
+        return self.optimizer is not None or self.recipe is not None
+
+    def after_restructure(self, model: nn.Module, maximize: bool) -> None:
+        """Rebuild from the recipe; drop a user's optimizer (it holds replaced parameters)."""
+        if self.recipe is not None:
+            self.build(model, maximize)
+        elif self.user_owned:
+            self.optimizer = self.scheduler = None
+
+    def lr(self) -> float | None:
+        """The current learning rate (None without an optimizer)."""
+        return current_lr(self.optimizer)
+
+    def step_scheduler(self, score: float, maximize: bool) -> None:
+        """Step the scheduler on a plain epoch (plateau schedulers get the score)."""
+        step_scheduler(self.scheduler, score, maximize)

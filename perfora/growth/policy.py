@@ -1,0 +1,126 @@
+"""The plateau policy: a score in, a verdict out (continue, grow, rewind and grow, complete).
+
+Side-effect free: :func:`observe` returns the next state and what to do; the controller
+acts on the verdict (rewinds, grows, re-wraps). Everything here is a function of the
+state, the config and the score, so every rank reaches the same verdict.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from ..config import PerforaConfig
+from .state import COMPLETE, CONTINUE, RESTRUCTURE, Action, ControllerState
+
+NEW_SET = "{dendrites}"  # in a reason: the dendrite count after the growth it announces
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What to do after one score: the action, its reason, and the state to adopt."""
+
+    action: Action
+    reason: str
+    state: ControllerState
+    running: float
+    improved_best: bool = False
+    rewind: bool = False  # restore the best snapshot first
+    grow: bool = False  # then add a dendrite set
+
+    def describe(self, num_dendrites: int) -> str:
+        """The reason, naming the dendrite count the verdict's growth reached."""
+        return self.reason.replace(NEW_SET, str(num_dendrites))
+
+
+def beats(config: PerforaConfig, num_dendrites: int, new: float, old: float | None) -> bool:
+    """True when ``new`` improves on ``old`` by more than the configured threshold."""
+    if old is None:
+        return True
+    rel = config.threshold_for(num_dendrites)
+    margin = max(rel * abs(old), config.improvement_threshold_raw)
+    gain = new - old if config.maximize else old - new
+    return gain > margin
+
+
+def _reached_target(state: ControllerState, config: PerforaConfig) -> bool:
+    target, best = config.target_score, state.global_best
+    if target is None or best is None:
+        return False
+    return best >= target if config.maximize else best <= target
+
+
+def _switch_due(state: ControllerState, config: PerforaConfig, ahead: int = 0) -> bool:
+    """True when the plateau (or the fixed/every-epoch schedule) calls for a switch now
+    (``ahead=1``: at the next report, if it does not improve)."""
+    if config.capacity_test or config.switch_mode == "every_epoch":
+        return True
+    epoch = state.epoch + ahead
+    if config.switch_mode == "fixed":
+        return epoch - state.cycle_start_epoch >= config.fixed_switch_num
+    return epoch - state.last_improved_epoch >= config.n_epochs_to_switch
+
+
+def growth_may_come_next(state: ControllerState, config: PerforaConfig,
+                         neuron_phase: bool) -> bool:
+    """True when the next epoch's report may add dendrites (if it does not improve)."""
+    if state.completed or config.max_dendrites == 0 or config.switch_mode == "never" \
+            or not neuron_phase:
+        return False
+    return _switch_due(state, config, ahead=1)
+
+
+def observe(state: ControllerState, config: PerforaConfig, score: float,
+            test: float | None) -> Verdict:
+    """Fold one epoch's (already counted) score into a copy of ``state`` and decide."""
+    st = dataclasses.replace(state, cycle_scores=[*state.cycle_scores, score])
+    window = st.cycle_scores[-config.history_lookback:]
+    st.cycle_scores = window
+    running = sum(window) / len(window)
+    improved_best = False
+    if beats(config, st.num_dendrites, running, st.cycle_best):
+        st.cycle_best = running
+        st.last_improved_epoch = st.epoch
+        if beats(config, st.num_dendrites, running, st.global_best):
+            st.global_best, st.best_epoch, st.best_test = running, st.epoch, test
+            st.cycle_set_global_best = True
+            improved_best = True
+    return _decide(st, config, running, improved_best)
+
+
+def _decide(st: ControllerState, config: PerforaConfig, running: float,
+            improved_best: bool) -> Verdict:
+    """The verdict for the updated state ``st`` (which it may still change: tries, done)."""
+    cfg = config
+
+    def verdict(action: Action, reason: str, rewind: bool = False, grow: bool = False
+                ) -> Verdict:
+        return Verdict(action, reason, st, running, improved_best, rewind, grow)
+
+    def complete(reason: str, rewind: bool = True) -> Verdict:
+        st.completed = True
+        return verdict(COMPLETE, reason, rewind=rewind)
+
+    if _reached_target(st, cfg):
+        return complete(f"reached target_score={cfg.target_score}")
+    if not _switch_due(st, cfg):
+        return verdict(CONTINUE, "training")
+    if cfg.capacity_test:
+        if st.additions >= 3:
+            return complete("capacity test: 3 dendrite sets added", rewind=False)
+        return verdict(RESTRUCTURE, "capacity test: dendrites added every epoch", grow=True)
+    if cfg.switch_mode == "never" or cfg.max_dendrites == 0:
+        return complete(f"early stopping: no improvement for {cfg.n_epochs_to_switch} epochs")
+    if st.num_dendrites > 0 and not st.cycle_set_global_best and not cfg.retain_all_dendrites:
+        if st.tries + 1 < cfg.max_dendrite_tries:
+            st.tries += 1
+            return verdict(RESTRUCTURE, f"dendrite set did not beat the best score; retry "
+                                        f"{st.tries} of {cfg.max_dendrite_tries - 1} with fresh "
+                                        "weights", rewind=True, grow=True)
+        return complete(f"dendrite set failed {cfg.max_dendrite_tries} time(s) to beat the "
+                        "best score")
+    if st.num_dendrites >= cfg.max_dendrites:
+        return complete(f"reached max_dendrites={cfg.max_dendrites}")
+    st.tries = 0
+    return verdict(RESTRUCTURE, f"plateau: added dendrite set {NEW_SET}",
+                   rewind=not cfg.retain_all_dendrites, grow=True)

@@ -1,0 +1,212 @@
+"""What FSDP1 and FSDP2 share: the re-shardable spec, full state, optimizer state by name.
+
+``fully_shard`` cannot be applied twice to a module, does not broadcast rank 0's values,
+and a parameter added to a sharded module is neither sharded nor reduced. So perfora keeps
+an unsharded copy of the model as a structural template: to restructure it gathers the full
+state on every rank into that copy, grows or rewinds the copy, broadcasts rank 0's values,
+and shards it again with the same arguments.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..errors import CheckpointError, ParallelError
+from .collectives import is_distributed
+
+FSDP2_KIND = "fsdp2"
+FSDP1_KIND = "fsdp1"
+_FSDP1_PREFIX = "_fsdp_wrapped_module."
+_SPEC_ATTR = "_perfora_wrapper_spec"
+
+
+def is_fsdp2(model: nn.Module) -> bool:
+    """True when ``fully_shard`` was applied to ``model`` or one of its submodules."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return any(isinstance(m, FSDPModule) for m in model.modules())
+
+
+def is_fsdp1(model: nn.Module) -> bool:
+    """True when ``model`` is a ``FullyShardedDataParallel`` (FSDP1) root."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    return isinstance(model, FullyShardedDataParallel)
+
+
+def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Every tensor of a sharded model, unsharded, on every rank (a collective)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    if not is_fsdp2(model) and not is_fsdp1(model):
+        return dict(model.state_dict())
+    options = StateDictOptions(full_state_dict=True, cpu_offload=False)
+    return dict(get_model_state_dict(model, options=options))
+
+
+def optimizer_param_names(optimizer: torch.optim.Optimizer, model: nn.Module) -> list[str]:
+    """Each optimizer parameter's name in ``model``, in state_dict order (index -> name)."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    missing = [i for i, p in enumerate(params) if id(p) not in names]
+    if missing:
+        raise CheckpointError(f"the optimizer holds {len(missing)} parameter(s) that are not in "
+                              "the model; under FSDP2 perfora saves optimizer state by "
+                              "parameter name, so build the optimizer over model.parameters()")
+    return [names[id(p)] for p in params]
+
+
+def _full(value: Any) -> Any:
+    """A DTensor gathered to a plain full tensor (a collective); anything else unchanged."""
+    from torch.distributed.tensor import DTensor
+
+    return value.full_tensor() if isinstance(value, DTensor) else value
+
+
+def gather_optimizer_state(optimizer: torch.optim.Optimizer, model: nn.Module
+                           ) -> tuple[dict[str, Any], list[str]]:
+    """The optimizer's state_dict with full tensors, and its parameters' names (a collective).
+
+    Every rank must call it: each sharded state tensor is all-gathered, in index and key
+    order, so the collectives line up across ranks."""
+    sd = optimizer.state_dict()
+    names = optimizer_param_names(optimizer, model)
+    state = {idx: {key: _full(entry[key]) for key in sorted(entry)}
+             for idx, entry in sorted(sd["state"].items())}
+    return {"state": state, "param_groups": sd["param_groups"]}, names
+
+
+def local_shard(full: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+    """This rank's part of ``full``, placed like the DTensor ``param`` (FSDP2's dim-0 chunks).
+
+    ``torch.chunk`` over the mesh size on each sharded dimension; ranks past the last chunk
+    get an empty slice, as FSDP2 gives them. Checked against ``param``'s own local shape."""
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    if not isinstance(param, DTensor):
+        return full
+    if tuple(full.shape) != tuple(param.shape):
+        raise ValueError(f"an optimizer state tensor has shape {tuple(full.shape)} but "
+                         f"its parameter {tuple(param.shape)}; under FSDP2 perfora restores "
+                         "only per-element and scalar optimizer state")
+    mesh, local = param.device_mesh, full
+    coordinate = mesh.get_coordinate()
+    if coordinate is None:
+        raise ValueError("this rank is not in the parameter's device mesh")
+    for mesh_dim, placement in enumerate(param.placements):
+        if type(placement) is Shard:
+            chunks = torch.chunk(local, mesh.size(mesh_dim), dim=placement.dim)
+            index = coordinate[mesh_dim]
+            local = chunks[index] if index < len(chunks) else local.narrow(placement.dim, 0, 0)
+        elif not isinstance(placement, Replicate):
+            raise ValueError(f"cannot restore optimizer state for a parameter placed as "
+                             f"{param.placements}; perfora supports FSDP2's Shard(0)")
+    own = param.to_local()
+    if local.shape != own.shape:
+        raise ValueError(f"this rank's optimizer state slice has shape "
+                         f"{tuple(local.shape)} but its parameter shard "
+                         f"{tuple(own.shape)}")
+    local = local.to(device=own.device).clone()
+    return DTensor.from_local(local, mesh, param.placements, shape=param.shape,
+                              stride=param.stride(), run_check=False)
+
+
+def _restore(value: Any, param: torch.Tensor) -> Any:
+    """A saved state value for ``param``: scalars (Adam's ``step``) as saved, tensors sharded."""
+    if not isinstance(value, torch.Tensor) or (value.dim() == 0 and param.dim() != 0):
+        return value
+    return local_shard(value, param)
+
+
+def shard_optimizer_state(saved: dict[str, Any], names: list[str] | None,
+                          optimizer: torch.optim.Optimizer, model: nn.Module
+                          ) -> dict[str, Any]:
+    """A state_dict for ``optimizer`` (over the sharded model) from a gathered one.
+
+    Entries are matched by parameter name (``names``: saved index -> name; without it,
+    by position), and every tensor that is not a scalar is cut to this rank's shard."""
+    now = optimizer_param_names(optimizer, model)
+    names = now if names is None else names
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    current = optimizer.state_dict()["param_groups"]
+    if len(saved["param_groups"]) != len(current):
+        raise ValueError(f"the checkpoint has {len(saved['param_groups'])} parameter "
+                         f"group(s), the optimizer {len(current)}")
+    for old, new in zip(saved["param_groups"], current):
+        if {names[i] for i in old["params"]} != {now[i] for i in new["params"]}:
+            raise ValueError("the saved optimizer state covers other parameters than the "
+                             "optimizer registered now")
+    by_name = {names[int(i)]: entry for i, entry in saved["state"].items()}
+    state = {}
+    for index, (name, param) in enumerate(zip(now, params)):
+        if name in by_name:
+            state[index] = {key: _restore(value, param) for key, value in by_name[name].items()}
+    groups = [{**{k: v for k, v in old.items() if k != "params"}, "params": new["params"]}
+              for old, new in zip(saved["param_groups"], current)]
+    return {"state": state, "param_groups": groups}
+
+
+def _local_device(model: nn.Module) -> torch.device:
+    """The device of this rank's shards (DTensor parameters report their local device)."""
+    for p in model.parameters():
+        return p.device
+    return torch.device("cpu")
+
+
+@dataclass
+class ShardSpec:
+    """How to shard again: the sharding arguments and an unsharded template (FSDP1 or FSDP2)."""
+
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    template: nn.Module | None = field(default=None, repr=False)
+
+    kind = ""
+
+    def sharded(self, model: nn.Module) -> bool:
+        """True when ``model`` is sharded the way this spec shards."""
+        raise NotImplementedError
+
+    def _shard(self, module: nn.Module) -> nn.Module:
+        """Shard ``module`` with the kept arguments; returns the module to train."""
+        raise NotImplementedError
+
+    def _place(self, module: nn.Module) -> None:
+        """Move ``module`` where sharding expects it before the broadcast (FSDP1's device_id)."""
+
+    def unshard(self, model: nn.Module) -> nn.Module:
+        """An unsharded module holding ``model``'s full state (a collective on every rank)."""
+        if not self.sharded(model):
+            return model
+        if self.template is None:
+            raise ParallelError("perfora lost the unsharded copy of this FSDP2 model; shard "
+                                "it with perfora.distributed.shard_fsdp2")
+        state = full_state_dict(model)
+        # the template is kept on the CPU; the copy goes where the shards live (NCCL can
+        # only broadcast device tensors)
+        plain = copy.deepcopy(self.template).to(_local_device(model))
+        plain.load_state_dict(state)
+        flags = {n.replace(_FSDP1_PREFIX, ""): p.requires_grad
+                 for n, p in model.named_parameters()}
+        for name, p in plain.named_parameters():
+            p.requires_grad_(flags.get(name, p.requires_grad))
+        return plain
+
+    def wrap(self, module: nn.Module) -> nn.Module:
+        """Broadcast rank 0's values into ``module`` and shard it (a collective)."""
+        if self.sharded(module):
+            return module  # already sharded: requires_grad flips need no re-shard
+        self._place(module)
+        if is_distributed():
+            with torch.no_grad():
+                for t in [*module.parameters(), *module.buffers()]:
+                    dist.broadcast(t.data, src=0)
+        self.template = copy.deepcopy(module).cpu()
+        wrapped = self._shard(module)
+        object.__setattr__(wrapped, _SPEC_ATTR, self)
+        return wrapped
