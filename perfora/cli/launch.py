@@ -63,7 +63,13 @@ class LaunchSettings:
                 or self.nproc_per_node < 1:
             raise ConfigError(f"--nproc-per-node must be a positive integer, got "
                               f"{self.nproc_per_node!r}")
-        if self.nnodes < 1 or not 0 <= self.node_rank < self.nnodes:
+        for name in ("nnodes", "node_rank", "max_failures", "max_restarts"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ConfigError(f"--{name.replace('_', '-')} must be an integer, got {value!r}")
+        if self.nnodes < 1:
+            raise ConfigError(f"--nnodes must be >= 1, got {self.nnodes}")
+        if not 0 <= self.node_rank < self.nnodes:
             raise ConfigError(f"--node-rank must be in [0, --nnodes={self.nnodes}), got "
                               f"{self.node_rank}")
         if self.nnodes > 1 and (not self.master_addr or self.master_port is None):
