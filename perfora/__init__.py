@@ -58,10 +58,10 @@ __all__ += ["distributed", "RankMismatchError", "wrap_ddp", "shard_fsdp2", "wrap
 
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .codemod import ConversionResult
+    from .codemod import CodemodResult
 
 
-def convert_source(source: str, mode: str = "native", **options: Any) -> "ConversionResult":
+def convert_source(source: str, mode: str = "native", **options: Any) -> "CodemodResult":
     """Apply the seed's edits to a training script's text; see perfora.codemod (needs libcst).
 
     Returns a :class:`perfora.codemod.ConversionResult` (``output``, ``findings``, ``diff()``);

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..codemod.api import convert_source
-from ..codemod.findings import ConversionResult
+from ..codemod.findings import CodemodResult
 from ..errors import PerforaError
 
 MAX_SIZE = 1_000_000
@@ -103,7 +103,7 @@ def max_size_of(args: argparse.Namespace) -> int:
 
 
 def convert_file(path: Path, args: argparse.Namespace,
-                 script: Script | None = None) -> ConversionResult:
+                 script: Script | None = None) -> CodemodResult:
     """Convert one file with the command line's options (nothing written)."""
     if script is None:
         script = read_script(path, max_size_of(args))

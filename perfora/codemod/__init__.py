@@ -1,14 +1,15 @@
 """``perfora convert``: apply the seed's edits to a training script (a libcst codemod).
 
-``syntax`` answers small questions about libcst nodes, ``analysis`` finds the parts of a
-script (with line numbers), ``native`` and ``compat`` turn them into edits for each mode
-(``common`` holds what both share), ``edits`` applies them keeping every comment, ``api``
-is ``convert_source``; :mod:`perfora.cli.convert` prints diffs, writes files and reports
-what must be done by hand.
+``syntax`` answers small questions about libcst nodes, ``finders`` each find one part of a
+script (with line numbers) and ``analysis`` composes them, ``native_edits`` and
+``compat_edits`` turn them into edits for each mode (``common`` holds what both share),
+``edits`` applies them keeping every comment, ``api`` is ``convert_source``;
+:mod:`perfora.cli.convert` prints diffs, writes files and reports what must be done by hand.
 """
 
 from .api import ScriptError, convert_source
 from .common import ConvertOptions
-from .findings import ConversionResult, Finding
+from .findings import CodemodResult, ConversionResult, Finding
 
-__all__ = ["convert_source", "ConversionResult", "Finding", "ConvertOptions", "ScriptError"]
+__all__ = ["convert_source", "CodemodResult", "ConversionResult", "Finding", "ConvertOptions",
+           "ScriptError"]

@@ -8,18 +8,19 @@ from typing import Any
 import libcst as cst
 
 from ..errors import PerforaError
-from .analysis import Analyzer
+from .analysis import find_parts
 from .common import ConvertOptions
-from .compat import compat_edits
-from .findings import NOTE, ConversionResult, Finding
-from .native import native_edits
+from .compat_edits import compat_edits
+from .finders.tree import Tree
+from .findings import NOTE, CodemodResult, Finding
+from .native_edits import native_edits
 
 
 class ScriptError(PerforaError):
     """The script could not be read as Python."""
 
 
-def convert_source(source: str, mode: str = "native", **options: Any) -> ConversionResult:
+def convert_source(source: str, mode: str = "native", **options: Any) -> CodemodResult:
     """Apply the seed's edits to a training script's text (``mode``: native or compat).
 
     ``options``: ``settings`` ({name: value source}), ``run_dir`` (native), ``save_name``
@@ -36,46 +37,46 @@ def convert_source(source: str, mode: str = "native", **options: Any) -> Convers
             gc.enable()
 
 
-def _convert(source: str, mode: str, opts: ConvertOptions) -> ConversionResult:
+def _convert(source: str, mode: str, opts: ConvertOptions) -> CodemodResult:
     """:func:`convert_source` with the options checked."""
     try:
-        analyzer = Analyzer(source, score=opts.score)
+        tree = Tree(source)
     except cst.ParserSyntaxError as exc:
         raise ScriptError(f"not valid Python (line {exc.raw_line}): {exc.message}") from None
-    script = analyzer.run()
+    script = find_parts(tree, opts.score)
     if script.already:
-        swapped, lines = _swap_perforatedai_imports(script.module, analyzer)
+        swapped, lines = _swap_perforatedai_imports(script.module, tree)
         if lines and mode == "compat":
             findings = [Finding(line, "PerforatedAI import switched to perfora.compat (the "
                                 "rest of the script already follows the recipe)", NOTE)
                         for line in lines]
-            return ConversionResult(source, swapped.code, mode, findings)
+            return CodemodResult(source, swapped.code, mode, findings)
         if lines:
             findings = [Finding(lines[0], "this script already uses the PerforatedAI API: "
                                 "`perfora convert --mode compat` switches its imports to "
                                 "perfora.compat", NOTE)]
-            return ConversionResult(source, source, mode, findings, already_converted=True)
+            return CodemodResult(source, source, mode, findings, already_converted=True)
         api = "perfora's native API" if script.already == "native" else "the compat names"
         findings = [Finding(1, f"already converted ({api}): nothing to change", NOTE)]
-        return ConversionResult(source, source, mode, findings, already_converted=True)
+        return CodemodResult(source, source, mode, findings, already_converted=True)
     build = native_edits if mode == "native" else compat_edits
-    edits = build(script, opts, analyzer.line)
-    output = edits.apply(script.module, analyzer.parent).code if edits else source
+    edits = build(script, opts, tree.line)
+    output = edits.apply(script.module, tree.parent).code if edits else source
     findings = sorted(script.findings, key=lambda f: (f.line, f.kind != "manual"))
-    return ConversionResult(source, output, mode, findings)
+    return CodemodResult(source, output, mode, findings)
 
 
-def _swap_perforatedai_imports(module: cst.Module, analyzer: Analyzer
-                               ) -> tuple[cst.Module, list[int]]:
+def _swap_perforatedai_imports(module: cst.Module, tree: Tree) -> tuple[cst.Module, list[int]]:
     """``from perforatedai import X`` -> ``from perfora.compat import X``; changed lines."""
     lines: list[int] = []
     target = cst.parse_expression("perfora.compat")
 
     class Swap(cst.CSTTransformer):
-        def leave_ImportFrom(self, original: cst.ImportFrom, updated: cst.ImportFrom):
+        def leave_ImportFrom(self, original: cst.ImportFrom, updated: cst.ImportFrom
+                             ) -> cst.ImportFrom:
             name = cst.Module([]).code_for_node(original.module) if original.module else ""
             if name == "perforatedai" and not original.relative:
-                lines.append(analyzer.line(original))
+                lines.append(tree.line(original))
                 return updated.with_changes(module=target)
             return updated
 

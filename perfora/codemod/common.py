@@ -10,8 +10,9 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from ..errors import ConfigError
-from .analysis import MINIMIZE, Script
+from .analysis import Script
 from .edits import Edits, statements
+from .finders.score import MINIMIZE
 from .findings import NOTE, Finding
 from .syntax import code
 

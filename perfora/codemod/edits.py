@@ -39,14 +39,17 @@ class Edits:
         self.targets: dict[int, cst.CSTNode] = {}  # the edited statements, by id
 
     def insert_before(self, stmt: cst.CSTNode, new: list[cst.BaseStatement]) -> None:
+        """Put ``new`` just above ``stmt`` (after what earlier calls put there)."""
         self.targets[id(stmt)] = stmt
         self.before[id(stmt)].extend(new)
 
     def insert_after(self, stmt: cst.CSTNode, new: list[cst.BaseStatement]) -> None:
+        """Put ``new`` just below ``stmt`` (after what earlier calls put there)."""
         self.targets[id(stmt)] = stmt
         self.after[id(stmt)].extend(new)
 
     def replace_with(self, stmt: cst.CSTNode, new: list[cst.BaseStatement]) -> None:
+        """Replace ``stmt`` by ``new``; the comments above it stay above the first one."""
         self.targets[id(stmt)] = stmt
         self.replace[id(stmt)] = list(new)
 

@@ -1,4 +1,4 @@
-"""What the converter tells the user: findings with line numbers, and the conversion result."""
+"""What the converter tells the user: findings with line numbers, and the codemod's result."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ class Finding:
 
 
 @dataclass
-class ConversionResult:
+class CodemodResult:
     """The converted source, the mode used and what the user must still do by hand."""
 
     source: str
@@ -47,3 +47,7 @@ class ConversionResult:
         return "".join(difflib.unified_diff(
             self.source.splitlines(keepends=True), self.output.splitlines(keepends=True),
             fromfile=f"a/{path.lstrip('/')}", tofile=f"b/{path.lstrip('/')}"))
+
+
+ConversionResult = CodemodResult
+"""The earlier name of :class:`CodemodResult` (kept importable; the same class)."""

@@ -102,16 +102,22 @@ def substitute(node: cst.CSTNode, subst: dict[str, cst.CSTNode]) -> cst.CSTNode:
         def visit_Attribute(self, node: cst.Attribute) -> bool:
             return False
 
-        def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute):
+        def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute
+                            ) -> cst.Attribute:
             return updated.with_changes(value=updated.value.visit(self))
 
         def visit_Arg(self, node: cst.Arg) -> bool:
             return False
 
-        def leave_Arg(self, original: cst.Arg, updated: cst.Arg):
+        def leave_Arg(self, original: cst.Arg, updated: cst.Arg) -> cst.Arg:
             return updated.with_changes(value=updated.value.visit(self))
 
-        def leave_Name(self, original: cst.Name, updated: cst.Name):
+        def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.BaseExpression:
             return subst.get(original.value, updated)
 
     return node.visit(Replace())
+
+
+def param_names(func: cst.FunctionDef | None) -> list[str]:
+    """A function's plain parameter names, in order ([] for None: module level)."""
+    return [p.name.value for p in func.params.params] if func is not None else []

@@ -18,6 +18,8 @@ MOVED = {
     "perfora.compat.conversion": "perfora.compat.module_selection",
     "perfora.compat.wrappers": "perfora.compat.rewrap",
     "perfora.compat.errors": "perfora.errors",
+    "perfora.codemod.compat": "perfora.codemod.compat_edits",
+    "perfora.codemod.native": "perfora.codemod.native_edits",
     "perfora.controller": "perfora.growth.controller",
     "perfora.distributed.collectives": "perfora.parallel.collectives",
     "perfora.distributed.fingerprint": "perfora.parallel.fingerprint",
