@@ -64,7 +64,7 @@ if TYPE_CHECKING:  # pragma: no cover
 def convert_source(source: str, mode: str = "native", **options: Any) -> "CodemodResult":
     """Apply the seed's edits to a training script's text; see perfora.codemod (needs libcst).
 
-    Returns a :class:`perfora.codemod.ConversionResult` (``output``, ``findings``, ``diff()``);
+    Returns a :class:`perfora.codemod.CodemodResult` (``output``, ``findings``, ``diff()``);
     imported lazily so that ``import perfora`` works without libcst.
     """
     from .codemod import convert_source as _convert
