@@ -34,6 +34,7 @@ from perfora import checkpoint as ckpt_module
 from perfora.checkpoint import append_text, remove_stale_temp_files
 from perfora.growth import controller as controller_module
 from perfora.layers import DendriticLayer
+from perfora.perforation import layer_specs
 
 X = torch.randn(16, 4, generator=torch.Generator().manual_seed(0))
 
@@ -419,11 +420,11 @@ def test_load_state_and_match_structure_check_first(tmp_path: Path) -> None:
     bad["rule"] = {"phase": 3}
     with pytest.raises(CheckpointError, match="rule.phase"):
         ctl.load_state(bad)
-    specs = perfora.convert.layer_specs(ctl.model)
+    specs = layer_specs(ctl.model)
     specs["2"]["num_dendrites"] = -1
     with pytest.raises(CheckpointError, match=r"structure\['2'\].num_dendrites"):
         ctl.match_structure(specs)
-    specs = perfora.convert.layer_specs(ctl.model)
+    specs = layer_specs(ctl.model)
     specs["2"]["num_neurons"] = 7
     with pytest.raises(CheckpointError, match="7"):
         ctl.match_structure(specs)
