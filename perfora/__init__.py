@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any  # noqa: E402
 from ._version import __version__
 from .adapter import load_dendrites, save_dendrites  # noqa: E402
 from .candidates import GrowthPlan, plan_growth  # noqa: E402
-from .checkpoint import load_checkpoint, load_model, save_model  # noqa: E402
+from .checkpoint import load_checkpoint  # noqa: E402
 from .config import PerforaConfig  # noqa: E402
 from .errors import (  # noqa: E402
     CheckpointError,
@@ -25,6 +25,7 @@ from .errors import (  # noqa: E402
 )
 from .export import export  # noqa: E402
 from .growth import ControllerState, Decision, GrowthController  # noqa: E402
+from .growth.surgery import load_model, save_model  # noqa: E402
 from .layers import DendriticLayer, dendritic_layers, unwrap_model  # noqa: E402
 from .perforation import ConversionReport, describe, perforate  # noqa: E402
 from .restart import mark_training_complete  # noqa: E402

@@ -18,14 +18,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from .checkpoint import (
-    Checkpoint,
-    fit_structure,
-    load_checkpoint,
-    save_checkpoint,
-    shadow_copy,
-)
+from .checkpoint import Checkpoint, load_checkpoint, save_checkpoint, shadow_copy
 from .errors import CheckpointError, ShapeMismatchError
+from .growth.surgery import fit_structure
 from .layers import dendritic_layers, unwrap_model
 from .perforation import layer_specs
 

@@ -354,42 +354,15 @@ def rehearse_load(shadow: nn.Module, state: Mapping[str, torch.Tensor], source: 
     shadow.load_state_dict(weightless, strict=True, assign=True)
 
 
-def fit_structure(model: nn.Module, specs: Mapping[str, Mapping[str, Any]], source: str,
-                  error: type[CheckpointError] = CheckpointError) -> None:
-    """rebuild_structure with its ConversionError turned into ``error`` naming ``source``."""
-    from .errors import ConversionError
-    from .perforation import rebuild_structure
-
-    try:
-        rebuild_structure(model, specs)
-    except ConversionError as exc:
-        raise error(f"{source}: {exc}") from exc
+_MOVED = ("fit_structure", "save_model", "load_model")
+"""Model surgery that lived here; found in :mod:`perfora.growth.surgery` (which imports this
+module, hence resolved on first use)."""
 
 
-def save_model(path: str | os.PathLike, model: nn.Module, **meta: Any) -> None:
-    """Save a perforated model (structure + weights) without controller state."""
-    from .perforation import layer_specs
+def __getattr__(name: str) -> Any:
+    """The names in ``_MOVED``, from :mod:`perfora.growth.surgery` (this module stays file IO)."""
+    if name in _MOVED:
+        from .growth import surgery
 
-    ckpt = Checkpoint(tensors={"model": unwrap_model(model).state_dict()},
-                      meta={"structure": layer_specs(model), **meta})
-    save_checkpoint(path, ckpt)
-
-
-def load_model(model: nn.Module, path: str | os.PathLike) -> nn.Module:
-    """Load structure and weights into ``model`` (converted or not); returns it.
-
-    The load is rehearsed on a weightless copy first: a checkpoint that does not fit raises
-    before ``model`` is changed."""
-    ckpt = load_checkpoint(path)
-    if "model" not in ckpt.tensors:
-        raise CheckpointError(f"{path} holds no model weights")
-    if "structure" not in ckpt.meta:
-        raise CheckpointError(f"{path}: structure: missing")
-    specs, state = ckpt.meta["structure"], ckpt.tensors["model"]
-    shadow = shadow_copy(model)
-    if shadow is not None:
-        fit_structure(shadow, specs, str(path), ShapeMismatchError)
-        rehearse_load(shadow, state, str(path))
-    fit_structure(model, specs, str(path), ShapeMismatchError)
-    load_state_into(model, state, str(path))
-    return model
+        return getattr(surgery, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -99,3 +99,52 @@ class OptimizerSlot:
     def step_scheduler(self, score: float, maximize: bool) -> None:
         """Step the scheduler on a plain epoch (plateau schedulers get the score)."""
         step_scheduler(self.scheduler, score, maximize)
+
+
+class OptimizerMethods:
+    """The controller's optimizer methods: what it registers, builds or is handed lives in
+    its slot (``self._slot``)."""
+
+    _slot: OptimizerSlot
+    model: nn.Module
+    config: Any
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer | None:
+        """The optimizer in use (built by perfora, yours, or a framework's)."""
+        return self._slot.optimizer
+
+    @optimizer.setter
+    def optimizer(self, optimizer: torch.optim.Optimizer | None) -> None:
+        self._slot.optimizer = optimizer
+
+    @property
+    def scheduler(self) -> Any:
+        """The LR scheduler in use (None without one)."""
+        return self._slot.scheduler
+
+    @scheduler.setter
+    def scheduler(self, scheduler: Any) -> None:
+        self._slot.scheduler = scheduler
+
+    def set_optimizer(self, cls: type[torch.optim.Optimizer], **kwargs: Any) -> None:
+        """Register the optimizer class and arguments; rebuilt after every restructure."""
+        self._slot.set_recipe(cls, kwargs)
+
+    def set_scheduler(self, cls: type, **kwargs: Any) -> None:
+        """Register the LR scheduler class and arguments (stepped by the controller)."""
+        self._slot.set_scheduler(cls, kwargs)
+
+    def build_optimizer(self) -> tuple[torch.optim.Optimizer, Any]:
+        """(Re)build optimizer and scheduler over the currently trainable parameters."""
+        return self._slot.build(self.model, self.config.maximize)
+
+    def set_optimizer_instance(self, optimizer: torch.optim.Optimizer,
+                               scheduler: Any = None) -> None:
+        """Use an optimizer you built. After a restructure you must rebuild it yourself."""
+        self._slot.set_instance(optimizer, scheduler)
+
+    def hand_over_optimizer(self, optimizer: torch.optim.Optimizer | None) -> None:
+        """A framework's optimizer (Lightning, HF Trainer): read for the learning rate and
+        saved in checkpoints, never rebuilt by perfora (the framework rebuilds it)."""
+        self._slot.hand_over(optimizer)

@@ -81,3 +81,33 @@ def test_restart_contract_is_public():
     from perfora.cli.launch import mark_training_complete
 
     assert perfora.mark_training_complete is mark_training_complete
+
+
+def test_perfora_resume_stays_the_function_after_importing_every_submodule():
+    import pkgutil
+
+    import perfora.resume  # noqa: F401  (the submodule of the same name)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        for info in pkgutil.walk_packages(perfora.__path__, "perfora."):
+            if info.name.endswith("__main__"):  # runs the CLI
+                continue
+            try:
+                importlib.import_module(info.name)
+            except ImportError:  # an optional dependency (lightning, libcst...) is missing
+                continue
+    assert callable(perfora.resume)
+    assert perfora.resume is sys.modules["perfora.resume"].resume
+    assert perfora.resume.__name__ == "resume"
+
+
+def test_moved_checkpoint_names_are_the_surgery_functions():
+    from perfora import checkpoint
+    from perfora.growth import surgery
+
+    assert checkpoint.fit_structure is surgery.fit_structure
+    assert checkpoint.save_model is surgery.save_model is perfora.save_model
+    assert checkpoint.load_model is surgery.load_model is perfora.load_model
+    with pytest.raises(AttributeError):
+        checkpoint.no_such_name  # noqa: B018

@@ -32,7 +32,7 @@ from perfora import (
 )
 from perfora import checkpoint as ckpt_module
 from perfora.checkpoint import append_text, remove_stale_temp_files
-from perfora.growth import controller as controller_module
+from perfora.growth import run_writer as run_writer_module
 from perfora.layers import DendriticLayer
 from perfora.perforation import layer_specs
 
@@ -656,7 +656,7 @@ def test_stale_temp_files_are_removed_when_a_controller_opens_the_folder(tmp_pat
     controller(mlp(), run_dir=folder, write_files=False)  # a rank that does not write
     assert all((folder / name).exists() for name in stale)
     ctl = controller(mlp(), run_dir=folder)
-    assert sorted(ctl._report.removed_temp_files) == sorted(stale)
+    assert sorted(ctl._writer.report.removed_temp_files) == sorted(stale)
     left = {p.name for p in folder.iterdir()}
     assert not left & set(stale)
     assert set(kept) <= left
@@ -669,11 +669,11 @@ def test_only_rank_zero_removes_stale_temp_files(tmp_path: Path,
     folder = tmp_path / "run"
     folder.mkdir()
     (folder / ".latest.safetensors.k2j4h1x9.tmp").write_bytes(b"half")
-    monkeypatch.setattr(controller_module, "is_rank_zero", lambda: False)
+    monkeypatch.setattr(run_writer_module, "is_rank_zero", lambda: False)
     ctl = controller(mlp(), run_dir=folder)
-    assert ctl._report is None
+    assert ctl._writer.report is None
     assert (folder / ".latest.safetensors.k2j4h1x9.tmp").exists()
-    monkeypatch.setattr(controller_module, "is_rank_zero", lambda: True)
+    monkeypatch.setattr(run_writer_module, "is_rank_zero", lambda: True)
     controller(mlp(), run_dir=folder)
     assert not (folder / ".latest.safetensors.k2j4h1x9.tmp").exists()
 

@@ -1,0 +1,182 @@
+"""Model surgery: change a model's dendrite structure (grow, rewind, fit a saved structure).
+
+Every change of what a model holds goes through here: the growth step and the growth plan
+it follows, the rewind to the best snapshot, fitting a saved structure before weights are
+loaded (controller, :func:`save_model`/:func:`load_model`, adapters).
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from ..candidates import GrowthPlan, plan_growth
+from ..checkpoint import (
+    Checkpoint,
+    load_checkpoint,
+    load_state_into,
+    rehearse_load,
+    save_checkpoint,
+    shadow_copy,
+    to_storable,
+)
+from ..checkpoint_schema import validate_structure
+from ..errors import CheckpointError, ConversionError, PerforationError, ShapeMismatchError
+from ..layers import unwrap_model
+from ..parallel.collectives import all_reduce_values
+from ..perforation import layer_specs, rebuild_structure
+from .policy import growth_may_come_next
+from .state import BestSnapshot
+
+if TYPE_CHECKING:
+    from .controller import GrowthController
+
+
+def fit_structure(model: nn.Module, specs: Mapping[str, Mapping[str, Any]], source: str,
+                  error: type[CheckpointError] = CheckpointError) -> None:
+    """rebuild_structure with its ConversionError turned into ``error`` naming ``source``."""
+    try:
+        rebuild_structure(model, specs)
+    except ConversionError as exc:
+        raise error(f"{source}: {exc}") from exc
+
+
+def save_model(path: str | os.PathLike, model: nn.Module, **meta: Any) -> None:
+    """Save a perforated model (structure + weights) without controller state."""
+    ckpt = Checkpoint(tensors={"model": unwrap_model(model).state_dict()},
+                      meta={"structure": layer_specs(model), **meta})
+    save_checkpoint(path, ckpt)
+
+
+def load_model(model: nn.Module, path: str | os.PathLike) -> nn.Module:
+    """Load structure and weights into ``model`` (converted or not); returns it.
+
+    The load is rehearsed on a weightless copy first: a checkpoint that does not fit raises
+    before ``model`` is changed."""
+    ckpt = load_checkpoint(path)
+    if "model" not in ckpt.tensors:
+        raise CheckpointError(f"{path} holds no model weights")
+    if "structure" not in ckpt.meta:
+        raise CheckpointError(f"{path}: structure: missing")
+    specs, state = ckpt.meta["structure"], ckpt.tensors["model"]
+    shadow = shadow_copy(model)
+    if shadow is not None:
+        fit_structure(shadow, specs, str(path), ShapeMismatchError)
+        rehearse_load(shadow, state, str(path))
+    fit_structure(model, specs, str(path), ShapeMismatchError)
+    load_state_into(model, state, str(path))
+    return model
+
+
+def apply_activation(layers: Mapping[str, Any], activation: str | None) -> None:
+    """Give every wrapped layer the configured dendrite nonlinearity (None: keep theirs)."""
+    if activation is None:
+        return
+    for path, layer in layers.items():
+        if layer.activation == activation:
+            continue
+        if layer.num_dendrites:
+            raise PerforationError(f"layer {path!r} already holds {layer.activation} dendrites; "
+                                   f"the setting activation={activation!r} cannot change them "
+                                   "(leave activation unset to keep the model's)")
+        layer.activation = activation
+
+
+def snapshot_best(ctl: GrowthController) -> None:
+    """Keep the model's structure and weights as the best snapshot (for the rewind)."""
+    state = ctl.backend.full_state(ctl.model)
+    ctl._best = BestSnapshot(layer_specs(unwrap_model(ctl.model)), to_storable(state))
+
+
+def rewind_to_best(ctl: GrowthController) -> None:
+    """Give the model the best snapshot's structure and weights (nothing without one)."""
+    if ctl._best is None:
+        return
+    specs, weights = ctl._best.as_tuple()
+    ctl._unshard()
+    rebuild_structure(ctl.model, specs)
+    load_state_into(ctl.model, weights, "the best-model snapshot")
+    ctl.state.num_dendrites = ctl._layer_dendrites()
+    ctl.rule.apply(ctl._layers())
+
+
+def grow(ctl: GrowthController) -> None:
+    """Add one dendrite set to every layer (seeded per layer), then rebuild what trains."""
+    st, cfg = ctl.state, ctl.config
+    ctl._unshard()
+    layers = ctl._layers()
+    plans = _plan_growth(ctl, layers)
+    init = "default" if cfg.dendrite_init == "error" else cfg.dendrite_init
+    for index, (path, layer) in enumerate(sorted(layers.items())):
+        seed = zlib.crc32(f"{cfg.seed}:{st.additions}:{index}:{path}".encode())
+        gen = torch.Generator().manual_seed(seed)
+        plan = plans.get(path)
+        layer.grow(gen, init=init, scale=cfg.dendrite_init_scale,
+                   neurons=plan.neurons if plan else None,
+                   weights=plan.weights if plan else None)
+    st.additions += 1
+    st.num_dendrites = ctl._layer_dendrites()
+    st.switch_epochs.append(st.epoch)
+    st.cycle_start_epoch = st.last_improved_epoch = st.epoch
+    st.cycle_scores, st.cycle_best, st.cycle_set_global_best = [], None, False
+    ctl.rule.after_growth(layers)
+    ctl._rebuild_after_change()
+    if not ctl.backend.sharded:
+        ctl._usage.after_restructure(ctl._layers())
+
+
+def _plan_growth(ctl: GrowthController, layers: Mapping[str, Any]) -> dict[str, GrowthPlan]:
+    """Per layer, the next set's neurons and weights from the recorded error signal.
+
+    A layer without recorded rows on some rank (or of a kind the probe cannot read)
+    grows a full set with random weights, on every rank alike."""
+    cfg, probe = ctl.config, ctl._probe
+    if probe is None:
+        return {}
+    paths = sorted(layers)
+    counts = torch.tensor([probe.row_count(p) for p in paths], dtype=torch.int64)
+    counts = all_reduce_values(counts, "min")
+    plans: dict[str, GrowthPlan] = {}
+    for index, path in enumerate(paths):
+        if int(counts[index]) < 2:
+            continue
+        x, e = probe.samples(path)  # type: ignore[misc]
+        seed = zlib.crc32(f"{cfg.seed}:{ctl.state.additions}:{index}:{path}:pool".encode())
+        plans[path] = plan_growth(
+            layers[path], x, e, generator=torch.Generator().manual_seed(seed),
+            fraction=cfg.grow_fraction, train_pool=cfg.dendrite_init == "error",
+            pool=cfg.candidate_pool, steps=cfg.candidate_steps, lr=cfg.candidate_lr,
+            scale=cfg.dendrite_init_scale)
+    probe.clear()
+    return plans
+
+
+def arm_probe(ctl: GrowthController) -> None:
+    """Record the error signal only in an epoch that a growth step may follow."""
+    if ctl._probe is None:
+        return
+    ctl._probe.disarm()  # the layers may be new objects (FSDP2 re-shards a copy)
+    if growth_may_come_next(ctl.state, ctl.config, ctl.rule.phase == ctl.rule.neuron_phase):
+        ctl._probe.arm(ctl._layers())
+    else:
+        ctl._probe.clear()
+
+
+def match_structure(ctl: GrowthController, specs: Mapping[str, Mapping[str, Any]]
+                    ) -> nn.Module:
+    """Give the controller's model a saved structure (checked on a weightless copy first)."""
+    specs = validate_structure(specs, "structure")
+    shadow = ctl.backend.shadow(ctl.model)
+    if shadow is not None:
+        fit_structure(shadow, specs, "the saved structure does not fit this model")
+    ctl._unshard()
+    fit_structure(ctl.model, specs, "the saved structure does not fit this model")
+    ctl.state.num_dendrites = ctl._layer_dendrites()
+    ctl.rule.apply(ctl._layers())
+    ctl._sync_structure()
+    return ctl.model
