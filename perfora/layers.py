@@ -11,6 +11,10 @@ evaluated slice by slice of that tensor: measured, this is as fast as one wide k
 at large batch: no K-sized zero-filled gradient buffers) and keeps growth bit-exact, which a
 wider GEMM does not (it may round the old columns differently).
 A new dendrite starts with zero ``v`` and ``w`` rows, so growth leaves the output unchanged.
+In eager training with K >= 2 full sets on a Linear or ungrouped Conv, the mix after the
+bank GEMMs runs as one autograd node with a hand-written backward (:mod:`perfora.kernels`):
+the same forward kernels in the same order, and one GEMM (or one ``convolution_backward``)
+for the whole bank's gradients; the code below is used everywhere else, and when tracing.
 
 A dendrite *set* may feed only some neurons (selective growth): its bank rows then exist only
 for those neurons, and a ``dendrite_mask`` buffer (sets x neurons) records which neurons each
@@ -36,6 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .errors import PerforationError
+from .kernels import FusedMix, MixSpec
 
 _ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "sigmoid": torch.sigmoid,
@@ -546,7 +551,13 @@ class DendriticLayer(nn.Module):
 
     def _mix(self, x: torch.Tensor, y: torch.Tensor,
              shape: list[int]) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """y + sum_k v[k] * d_k over the banked dendrites, and the d_k themselves."""
+        """y + sum_k v[k] * d_k over the banked dendrites, and the d_k themselves (the d_k
+        only where a candidate needs them: the fused path returns none)."""
+        spec = self._fused_spec(x, y)
+        if spec is not None:
+            conv_forward = self.source._conv_forward if spec.kind == "conv" else None
+            return FusedMix.apply(y, x, self.bank_weight, self.bank_bias, self.cascade,
+                                  self.out_weight, spec, conv_forward), []
         act = _ACTIVATIONS[self.activation]
         pre = self._bank_outputs(x)
         k = len(pre)
@@ -568,6 +579,30 @@ class DendriticLayer(nn.Module):
             dendrites.append(d)
             out = torch.addcmul(out, v[i], d)
         return out, dendrites
+
+    def _fused_spec(self, x: torch.Tensor, y: torch.Tensor) -> MixSpec | None:
+        """The fused mix's static arguments when it applies here, else None (see kernels.py):
+        eager mode, K >= 2 full sets, no candidate apart, an ungrouped Linear or zero-padded
+        Conv, one dtype throughout and no autocast."""
+        if self.num_dendrites < 2 or self.kind == "generic" or self.has_candidate \
+                or self.dendrite_mask is not None or self._groups() != 1 or _tracing():
+            return None  # K = 1: autograd's three nodes cost less than one Python node
+        src = self.source
+        axis = self.neuron_axis % y.ndim
+        if self.kind == "conv":
+            if src.padding_mode != "zeros" or isinstance(src.padding, str) \
+                    or x.dim() != src.weight.dim() or axis != 1:
+                return None
+            conv = (tuple(src.stride), tuple(src.padding), tuple(src.dilation))
+        else:
+            if axis != y.ndim - 1 or x.dim() < 1:
+                return None
+            conv = None
+        dtype = x.dtype
+        if y.dtype != dtype or self.bank_weight.dtype != dtype \
+                or self.out_weight.dtype != dtype or _autocasting(x.device.type):
+            return None
+        return MixSpec(self.kind, self.activation, conv)
 
     def _partial_indices(self, device: torch.device) -> tuple[list, dict]:
         """Per set the fed neurons' indices, and per cascade pair (i, j) where set i's neurons
@@ -628,6 +663,18 @@ class DendriticLayer(nn.Module):
         return (f"neurons={self.num_neurons}, axis={self.neuron_axis}, "
                 f"dendrites={self.num_dendrites}, activation={self.activation}, "
                 f"bank={self.kind}{', candidate apart' if self.has_candidate else ''}")
+
+
+def _tracing() -> bool:
+    """True under torch.compile / torch.export / TorchScript tracing: the plain code then."""
+    return torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.jit.is_scripting()
+
+
+def _autocasting(device_type: str) -> bool:
+    try:
+        return torch.is_autocast_enabled(device_type)
+    except TypeError:  # older torch: no device argument
+        return torch.is_autocast_enabled() or torch.is_autocast_cpu_enabled()
 
 
 def _merged_state_hook(module: DendriticLayer, state_dict: dict, prefix: str,

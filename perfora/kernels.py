@@ -1,0 +1,216 @@
+"""The dendrite mix of a Linear/Conv bank as one autograd node with a hand-written backward.
+
+For a layer with K full dendrite sets (see :mod:`perfora.layers`)::
+
+    a_k = D_k(x) + sum_{j<k} w[k, j] * d_j      d_k = act(a_k)      out = y + sum_k v[k] * d_k
+
+Eager autograd records about 4K + K(K-1)/2 nodes for this (a GEMM, an activation, the cascade's
+and ``v``'s multiply-adds, each with its own backward kernels), and at small batch their
+per-operator cost, not the FLOPs, sets the step time. :class:`FusedMix` records one node:
+
+* forward runs without autograd: each dendrite's GEMM/conv on its slice of the bank (the
+  same call as before, so growth stays bit-exact: a wider GEMM would round old columns
+  differently), then the cascade, activation and ``v`` multiply-adds in place; only
+  ``d = act(a)`` is kept for backward (every activation here has a derivative in terms of
+  its output), in one ``[K, B, N, S]`` buffer;
+* backward walks the cascade once in reverse, writing every ``dL/da_k`` into one
+  ``[B, K, N, S]`` buffer, which *is* the gradient of the bank's output: one GEMM then gives
+  the input gradient of all K dendrites, one GEMM the whole bank's weight gradient (for a
+  conv: one ``convolution_backward`` call), one sum the bias gradient; ``v``'s gradient is
+  one product and sum over all K, the cascade's one per row of its lower triangle.
+
+So the GEMM count of a training step no longer grows with K in backward, and the elementwise
+kernels run without autograd bookkeeping. The layer uses this path in eager mode for
+Linear and ungrouped zero-padded Conv banks whose sets feed every neuron; everything else
+(selective growth, a candidate trained apart, grouped or reflect-padded convs, generic
+modules, autocast, ``torch.compile``/``torch.export`` tracing) takes the plain autograd code
+in ``layers.py``, which compilers fuse by themselves. Tests check both against a reference
+of the formula and the backward against ``torch.autograd.gradcheck`` in float64.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+
+class MixSpec(NamedTuple):
+    """What a fused mix needs besides tensors (hashable, so compilers may key on it)."""
+
+    kind: str                    # "linear" or "conv"
+    activation: str              # "sigmoid", "tanh" or "relu"
+    conv: tuple | None = None    # (stride, padding, dilation) of the conv, ints per dim
+
+
+_ACTIVATE_OUT = {"sigmoid": torch.sigmoid, "tanh": torch.tanh}
+_ACTIVATE = {"sigmoid": torch.sigmoid, "tanh": torch.tanh, "relu": F.relu}
+# out = t * act'(a) from d = act(a), in one kernel: the one autograd itself would run
+# (for relu, d > 0 exactly where a > 0)
+_THROUGH = {"sigmoid": torch.ops.aten.sigmoid_backward.grad_input,
+            "tanh": torch.ops.aten.tanh_backward.grad_input}
+
+
+def _activate(a: torch.Tensor, activation: str, out: torch.Tensor) -> None:
+    fn = _ACTIVATE_OUT.get(activation)
+    if fn is not None:
+        fn(a, out=out)
+    else:
+        torch.clamp(a, min=0, out=out)
+
+
+def _backward_through(t: torch.Tensor, d: torch.Tensor, activation: str,
+                      out: torch.Tensor) -> None:
+    fn = _THROUGH.get(activation)
+    if fn is not None:
+        fn(t, d, grad_input=out)
+    else:
+        torch.ops.aten.threshold_backward.grad_input(t, d, 0, grad_input=out)
+
+
+def bank_pre_activations(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                         k: int, spec: MixSpec, conv_forward) -> list[torch.Tensor]:
+    """D_k(x) for each of the K dendrites, each by its own call on its slice of the bank:
+    the same call whatever K is, so the same bits (exact growth)."""
+    if k == 1:
+        ws, bs = (weight,), (bias,)
+    else:
+        n = weight.shape[0] // k
+        ws = weight.split(n)
+        bs = (None,) * k if bias is None else bias.split(n)
+    if spec.kind == "linear":
+        return [F.linear(x, ws[i], bs[i]) for i in range(k)]
+    return [conv_forward(x, ws[i], bs[i]) for i in range(k)]
+
+
+def reference_mix(y: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
+                  bias: torch.Tensor | None, cascade: torch.Tensor | None,
+                  out_weight: torch.Tensor, spec: MixSpec, conv_forward) -> torch.Tensor:
+    """The same function in differentiable torch ops (double backward, tests)."""
+    k = out_weight.shape[0]
+    shape = [1] * y.dim()
+    axis = y.dim() - 1 if spec.kind == "linear" else 1
+    shape[axis] = y.shape[axis]
+    act = _ACTIVATE[spec.activation]
+    pre = bank_pre_activations(x, weight, bias, k, spec, conv_forward)
+    ds: list[torch.Tensor] = []
+    out, row = y, 0
+    for i in range(k):
+        a = pre[i]
+        for j in range(i):
+            a = torch.addcmul(a, cascade[row].view(shape), ds[j])
+            row += 1
+        ds.append(act(a))
+        out = torch.addcmul(out, out_weight[i].view(shape), ds[i])
+    return out
+
+
+class FusedMix(torch.autograd.Function):
+    """``out = y + sum_k v[k] * act(D_k(x) + sum_{j<k} w[k, j] * d_j)`` as one node.
+
+    Written for few Python-level calls (their cost is what this node saves): views come
+    from one ``unbind`` each, never from indexing in a loop. Tensors are handled as
+    ``[B, N, S]`` views (batch, neurons, the rest; S = 1 for a Linear)."""
+
+    @staticmethod
+    def forward(ctx, y, x, weight, bias, cascade, out_weight, spec, conv_forward):
+        k = out_weight.shape[0]
+        if spec.kind == "linear":
+            n = y.shape[-1]
+            b, s = y.numel() // n, 1
+        else:
+            b, n = y.shape[0], y.shape[1]
+            s = y.numel() // (b * n)
+        d_all = y.new_empty((k, b, n, s))
+        ds = d_all.unbind(0) if k > 1 else (d_all[0],)
+        vs = out_weight.view(k, n, 1).unbind(0) if k > 1 else (out_weight.view(n, 1),)
+        ws = cascade.view(-1, n, 1).unbind(0) if cascade is not None else ()
+        pre = bank_pre_activations(x, weight, bias, k, spec, conv_forward)
+        activation = spec.activation
+        out = None
+        row = 0
+        for i in range(k):
+            a = pre[i].reshape(b, n, s)
+            for j in range(i):  # the autograd code's order: growth stays exact
+                a.addcmul_(ws[row], ds[j])
+                row += 1
+            _activate(a, activation, ds[i])
+            out = torch.addcmul(y.reshape(b, n, s), vs[i], ds[i]) if out is None else \
+                out.addcmul_(vs[i], ds[i])
+        ctx.spec = spec
+        ctx.conv_forward = conv_forward
+        ctx.save_for_backward(y, x, weight, bias, cascade, out_weight, d_all)
+        return out.view(y.shape)
+
+    @staticmethod
+    def backward(ctx, grad):
+        if torch.is_grad_enabled():  # create_graph=True: differentiate the reference instead
+            return _double_backward(ctx, grad)
+        need_y, need_x, need_w, need_b, need_c, need_v = ctx.needs_input_grad[:6]
+        _, x, weight, bias, cascade, out_weight, d_all = ctx.saved_tensors
+        need_b = need_b and bias is not None
+        spec = ctx.spec
+        k, b, n, s = d_all.shape
+        g3 = grad.reshape(b, n, s)
+        g_x = g_w = g_b = g_c = g_v = None
+        if need_v:
+            g_v = (d_all * g3).sum((1, 3))
+        if need_x or need_w or need_b or need_c:
+            activation = spec.activation
+            g_a = d_all.new_empty((b, k, n, s))  # dL/da_k, laid out as the bank's output
+            if k == 1:
+                _backward_through(g3 * out_weight.view(n, 1), d_all[0], activation,
+                                  g_a.view(b, n, s))
+            else:
+                ds = d_all.unbind(0)
+                vs = out_weight.view(k, n, 1).unbind(0)
+                ws = cascade.view(-1, n, 1).unbind(0)
+                gas = g_a.unbind(1)
+                for i in range(k - 1, -1, -1):
+                    t = g3 * vs[i]
+                    for later in range(i + 1, k):
+                        t.addcmul_(gas[later], ws[later * (later - 1) // 2 + i])
+                    _backward_through(t, ds[i], activation, gas[i])
+                if need_c:
+                    g_c = torch.cat([(d_all[:i] * gas[i]).sum((1, 3)) for i in range(1, k)])
+            if need_x or need_w or need_b:
+                if spec.kind == "linear":
+                    flat = g_a.view(b, k * n)
+                    if need_x:
+                        g_x = flat.mm(weight).view(x.shape)
+                    if need_w:
+                        g_w = flat.t().mm(x.reshape(b, x.shape[-1]))
+                    if need_b:
+                        g_b = flat.sum(0)
+                else:
+                    stride, padding, dilation = spec.conv
+                    flat = g_a.view(b, k * n, *_spatial(x, weight, spec))
+                    g_x, g_w, g_b = torch.ops.aten.convolution_backward(
+                        flat, x, weight, [k * n] if need_b else None, list(stride),
+                        list(padding), list(dilation), False, [0] * len(stride), 1,
+                        [need_x, need_w, need_b])
+        return grad if need_y else None, g_x, g_w, g_b, g_c, g_v, None, None
+
+
+def _double_backward(ctx, grad):
+    """Backward with create_graph=True: autograd through :func:`reference_mix`, from the
+    saved inputs themselves, so the gradients stay connected to the graph."""
+    inputs = ctx.saved_tensors[:6]
+    wanted = [i for i, (t, need) in enumerate(zip(inputs, ctx.needs_input_grad[:6]))
+              if need and t is not None]
+    grads: list[torch.Tensor | None] = [None] * 8
+    with torch.enable_grad():
+        out = reference_mix(*inputs, ctx.spec, ctx.conv_forward)
+        got = torch.autograd.grad(out, [inputs[i] for i in wanted], grad, create_graph=True,
+                                  allow_unused=True)
+    for i, g in zip(wanted, got):
+        grads[i] = g
+    return tuple(grads)
+
+
+def _spatial(x: torch.Tensor, weight: torch.Tensor, spec: MixSpec) -> list[int]:
+    """The conv output's spatial size for input ``x``."""
+    stride, padding, dilation = spec.conv
+    return [(x.shape[2 + i] + 2 * padding[i] - dilation[i] * (weight.shape[2 + i] - 1) - 1)
+            // stride[i] + 1 for i in range(len(stride))]
