@@ -19,7 +19,7 @@ from torch import nn
 
 from ..config import PerforaConfig
 from ..errors import OrderError, PerforationError
-from ..layers import dendritic_layers, unwrap_model
+from ..layers import dendritic_layers
 from ..parallel import ParallelBackend, backend_of
 from ..rules import make_rule
 from ..signal import ErrorSignalProbe
@@ -27,10 +27,11 @@ from ..usage import UsageWatch
 from . import surgery
 from .optimizer_slot import OptimizerMethods, OptimizerSlot
 from .persistence import CheckpointMethods
+from .placement import check_reported_model
 from .policy import observe
 from .run_writer import RunWriter
 from .scores import read_scores, update_arch
-from .state import COMPLETE, CONTINUE, PHASE_CHANGE, RESTRUCTURE, ControllerState, Decision
+from .state import Action, BestSnapshot, ControllerState, Decision
 
 
 class GrowthController(OptimizerMethods, CheckpointMethods):
@@ -72,7 +73,7 @@ class GrowthController(OptimizerMethods, CheckpointMethods):
         self._probe = ErrorSignalProbe(config.signal_rows) if config.uses_error_signal() \
             else None
         self._slot = OptimizerSlot()
-        self._best: Any = None  # BestSnapshot
+        self._best: BestSnapshot | None = None  # the best model so far, for the rewind
         self._last_time = time.perf_counter()
         self._writer = RunWriter(config, run_dir, write_files)
         surgery.arm_probe(self)
@@ -127,16 +128,7 @@ class GrowthController(OptimizerMethods, CheckpointMethods):
         """Check ``model`` is this controller's (not a retired wrapper), then use its kind."""
         if model is None:
             return
-        if unwrap_model(model) is not unwrap_model(self.model):
-            raise OrderError("step() got a different model from the one this controller was "
-                             "created with; pass the same model (or its DDP/DataParallel "
-                             "wrapper)")
-        if model in self._retired:
-            raise OrderError("step() got a DistributedDataParallel wrapper that perfora "
-                             "replaced at an earlier restructure: its gradient buckets do not "
-                             "cover the new dendrites, so the ranks may have diverged. After "
-                             "every decision with restructured=True (or complete=True) use "
-                             "decision.model and decision.optimizer")
+        check_reported_model(self.model, model, self._retired)
         if model is not self.model:
             self.model = model
             self.backend = backend_of(model)
@@ -191,10 +183,10 @@ class GrowthController(OptimizerMethods, CheckpointMethods):
         row.update({f"rule/{k}": v for k, v in self.rule.metrics().items()})
         if rule_step.handled:
             row["running_score"] = None
-            action, reason = CONTINUE, rule_step.reason or f"{self.rule.phase} phase"
+            action, reason = Action.CONTINUE, rule_step.reason or f"{self.rule.phase} phase"
             if rule_step.trainables_changed:
                 self._rebuild_after_change()
-                action, row["event"] = PHASE_CHANGE, "phase_change"
+                action, row["event"] = Action.PHASE_CHANGE, "phase_change"
             return self._finish_step(row, action, reason)
         verdict = observe(st, self.config, value, test)
         self.state = verdict.state
@@ -206,10 +198,10 @@ class GrowthController(OptimizerMethods, CheckpointMethods):
             surgery.rewind_to_best(self)
         if verdict.grow:
             surgery.grow(self)
-        if verdict.action == COMPLETE:
+        if verdict.action == Action.COMPLETE:
             self._sync_structure()  # the rewind may have replaced parameters: fresh wrapper
         reason = verdict.describe(self.state.num_dendrites)
-        if verdict.action == CONTINUE:
+        if verdict.action == Action.CONTINUE:
             self._slot.step_scheduler(value, self.config.maximize)
         else:
             row["event"] = verdict.action.value
@@ -217,7 +209,7 @@ class GrowthController(OptimizerMethods, CheckpointMethods):
 
     def _finish_step(self, row: dict[str, Any], action: str, reason: str,
                      improved_best: bool = False) -> Decision:
-        row["reason"] = reason if action != CONTINUE else ""
+        row["reason"] = reason if action != Action.CONTINUE else ""
         self.state.history.append(row)
         self._writer.end_epoch(self, action, improved_best)
         surgery.arm_probe(self)
@@ -237,7 +229,7 @@ class GrowthController(OptimizerMethods, CheckpointMethods):
             raise OrderError("add_dendrites() after training completed")
         surgery.grow(self)
         self._writer.write_switch(self)
-        return self._decision(RESTRUCTURE, "added on request")
+        return self._decision(Action.RESTRUCTURE, "added on request")
 
     def finish(self) -> None:
         """Write the summary tables and graph now (also done at restructures and the end)."""
