@@ -89,9 +89,11 @@ class GrowthController(OptimizerMethods, CheckpointMethods):
         return self._writer.write_files
 
     def _layers(self) -> dict[str, Any]:
+        """The dendritic layers of the current model, by path."""
         return dendritic_layers(self.model)
 
     def _layer_dendrites(self) -> int:
+        """Dendrite sets of the layers (the largest count: "best" may hold fewer)."""
         counts = {layer.num_dendrites for layer in self._layers().values()}
         return max(counts) if counts else 0
 
@@ -148,6 +150,7 @@ class GrowthController(OptimizerMethods, CheckpointMethods):
             self._retired.add(old)
 
     def _rebuild_after_change(self) -> None:
+        """After a structure or trainables change: re-wrap, then rebuild the optimizer."""
         self._sync_structure()
         self._slot.after_restructure(self.model, self.config.maximize)
 

@@ -37,6 +37,8 @@ from .state import RESTRUCTURE, BestSnapshot, ControllerState, Decision
 from .surgery import arm_probe, fit_structure
 
 if TYPE_CHECKING:
+    from typing import Self
+
     from .controller import GrowthController
 
 
@@ -134,7 +136,7 @@ class CheckpointMethods:
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, model: nn.Module,
-                        config: PerforaConfig | None = None, **kw: Any) -> Any:
+                        config: PerforaConfig | None = None, **kw: Any) -> Self:
         """A controller continuing the run saved in ``path`` on a freshly built ``model``.
 
         The file is read once; the keywords are :func:`perfora.resume`'s (``optimizer``,
