@@ -1,6 +1,6 @@
 """Training-step overhead of dendrites: converted model with K dendrites vs the plain model.
 
-For each model (an MLP and a small CNN) and batch size, this times one training step
+For each model (two MLPs and a small CNN) and batch size, this times one training step
 (forward + backward + ``torch.optim.SGD`` step) of the plain, unconverted model and of the
 same model converted by ``perfora.perforate`` with K = 0, 1, 2, 3 dendrites per layer.
 All variants of one (model, batch) group are timed *interleaved*: every round runs each
@@ -20,11 +20,11 @@ Targets (from the issue): K = 0 at most 1.03x the plain model; K >= 1 at most 1.
 ideal.
 
 Each (model, batch) group gets as many rounds as fit a ~25 s budget (at least 7), so the
-default run takes about 2-3 minutes on 2 cores. On a shared, busy machine wall-clock
+default run (six groups) takes about 4-5 minutes on 2 cores. On a shared, busy machine wall-clock
 times with several threads are dominated by preemption; ``--threads 1 --clock cpu``
 (process CPU time) then gives far steadier ratios.
 
-    python benchmarks/overhead.py                 # ~2-3 minutes on 2 cores
+    python benchmarks/overhead.py                 # ~4-5 minutes on 2 cores
     python benchmarks/overhead.py --quick         # smoke run, 3 rounds per group
     python benchmarks/overhead.py --threads 1 --clock cpu --out /tmp/overhead.json
     python benchmarks/overhead.py --compile --threads 1 --clock cpu   # compiled, both sides
@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
 import platform
 import statistics
 import sys
@@ -47,10 +48,9 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 import perfora
-from perfora.layers import dendritic_layers
+from perfora.layers import DendriticLayer, dendritic_layers
 
 KS = (0, 1, 2, 3)
-BATCHES = (64, 512)
 TARGET_K0 = 1.03
 TARGET_IDEAL = 1.10
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "overhead.json"
@@ -61,6 +61,14 @@ def make_mlp() -> nn.Module:
     return nn.Sequential(
         nn.Flatten(),
         nn.Linear(784, 256), nn.ReLU(),
+        nn.Linear(256, 256), nn.ReLU(),
+        nn.Linear(256, 10),
+    )
+
+
+def make_small_mlp() -> nn.Module:
+    return nn.Sequential(
+        nn.Linear(64, 256), nn.ReLU(),
         nn.Linear(256, 256), nn.ReLU(),
         nn.Linear(256, 10),
     )
@@ -78,8 +86,16 @@ def make_cnn() -> nn.Module:
 
 MODELS = {
     "mlp 784-256-256-10": (make_mlp, (1, 28, 28)),
+    "mlp 64-256-256-10": (make_small_mlp, (64,)),
     "cnn 28x28 c16-c32-c32": (make_cnn, (1, 28, 28)),
 }
+# (model, batch) groups, in table order
+GROUPS = (
+    ("mlp 784-256-256-10", 64), ("mlp 784-256-256-10", 512),
+    ("mlp 64-256-256-10", 256),
+    ("cnn 28x28 c16-c32-c32", 32), ("cnn 28x28 c16-c32-c32", 64),
+    ("cnn 28x28 c16-c32-c32", 512),
+)
 
 
 def converted(plain: nn.Module, k: int, seed: int) -> nn.Module:
@@ -233,9 +249,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compile", action="store_true",
                     help="torch.compile both the plain and the perforated models "
                          "(default output: results/overhead_compiled.json)")
+    ap.add_argument("--unfused", action="store_true",
+                    help="time the plain autograd mix instead of perfora.kernels.FusedMix "
+                         "(the code before the fused node; default output: "
+                         "results/overhead_unfused.json)")
     args = ap.parse_args(argv)
     if args.compile and args.out == DEFAULT_OUT:
         args.out = DEFAULT_OUT.with_name("overhead_compiled.json")
+    if args.unfused:
+        DendriticLayer._fused_spec = lambda self, x, y: None
+        if args.out == DEFAULT_OUT:
+            args.out = DEFAULT_OUT.with_name("overhead_unfused.json")
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -251,13 +275,14 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"perfora overhead: torch {torch.__version__}, {torch.get_num_threads()} thread(s), "
           f"{platform.machine()}, {args.clock} clock{' (quick)' if args.quick else ''}"
-          f"{', torch.compile on both sides' if args.compile else ''}", flush=True)
+          f"{', torch.compile on both sides' if args.compile else ''}"
+          f"{', unfused (autograd mix)' if args.unfused else ''}; load average "
+          f"{' '.join(f'{v:.2f}' for v in os.getloadavg())}", flush=True)
     t0 = time.perf_counter()
     rows: list[dict] = []
-    for name in MODELS:
-        for batch in BATCHES:
-            rows += run_group(name, batch, seed=args.seed, clock=clock,
-                              compiled=args.compile, **plan)
+    for name, batch in GROUPS:
+        rows += run_group(name, batch, seed=args.seed, clock=clock, compiled=args.compile,
+                          **plan)
     elapsed = time.perf_counter() - t0
     print()
     print_table(rows)
@@ -276,6 +301,8 @@ def main(argv: list[str] | None = None) -> int:
         "quick": args.quick,
         "clock": args.clock,
         "compiled": args.compile,
+        "fused": not args.unfused,
+        "load_average": list(os.getloadavg()),
         "plan": plan,
         "seconds": elapsed,
         "targets": {"k0_ratio_max": TARGET_K0, "ratio_over_ideal_max": TARGET_IDEAL},

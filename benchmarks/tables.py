@@ -16,7 +16,7 @@ markers is left alone.
     python benchmarks/tables.py --print quality   # print one table
 
 Run it after a benchmark has written new results (``benchmarks/overhead.py``,
-``quality.py``, ``ddp.py``, ...). The test suite runs ``--check``.
+``memory.py``, ``quality.py``, ``ddp.py``, ...). The test suite runs ``--check``.
 """
 
 from __future__ import annotations
@@ -88,9 +88,32 @@ def table_overhead() -> str:
     return _overhead(_load("overhead.json"))
 
 
+def table_overhead_unfused() -> str:
+    """``overhead.py --unfused``: the same run with the plain autograd mix (the code before
+    ``perfora.kernels.FusedMix``)."""
+    return _overhead(_load("overhead_unfused.json"))
+
+
 def table_overhead_compiled() -> str:
     """``overhead.py --compile --quick``: both sides under ``torch.compile``."""
     return _overhead(_load("overhead_compiled.json"))
+
+
+# -------------------------------------------------------------------------- peak memory
+def table_memory() -> str:
+    """``memory.py``: peak training memory per configuration, against the plain model and
+    against what the dendrites require by the formula (see the section)."""
+    result = _load("memory.json")
+    out = []
+    for r in result["rows"]:
+        fresh = r.get("ratio_to_fresh")
+        out.append([_model_name(r["model"]), str(r["batch"]), r["variant"], f"{r['params']:,}",
+                    f"{r['peak_mb']:.1f}", f"{r['ratio_to_plain']:.3f}x",
+                    "" if r["variant"] == "plain" else f"{r['required_mb']:.1f}",
+                    "" if r["variant"] in ("plain", "K=0") else f"{r['ratio_to_required']:.3f}x",
+                    "" if fresh is None else f"{fresh:.3f}x"])
+    return _rows(["model", "batch", "variant", "params", "peak MB", "vs plain", "required MB",
+                  "vs required", "vs fresh K=5"], out)
 
 
 # --------------------------------------------------------------------------- export speed
@@ -300,7 +323,9 @@ def table_demo() -> str:
 
 TABLES: dict[str, Callable[[], str]] = {
     "overhead": table_overhead,
+    "overhead-unfused": table_overhead_unfused,
     "overhead-compiled": table_overhead_compiled,
+    "memory": table_memory,
     "export-speed": table_export_speed,
     "ddp": table_ddp,
     "ddp-restructure": table_ddp_restructure,

@@ -12,14 +12,16 @@ per-operator cost, not the FLOPs, sets the step time. :class:`FusedMix` records 
   same call as before, so growth stays bit-exact: a wider GEMM would round old columns
   differently), then the cascade, activation and ``v`` multiply-adds in place; only
   ``d = act(a)`` is kept for backward (every activation here has a derivative in terms of
-  its output), in one ``[K, B, N, S]`` buffer;
-* backward walks the cascade once in reverse, writing every ``dL/da_k`` into one
-  ``[B, K, N, S]`` buffer, which *is* the gradient of the bank's output: one GEMM then gives
-  the input gradient of all K dendrites, one GEMM the whole bank's weight gradient (for a
-  conv: one ``convolution_backward`` call), one sum the bias gradient; ``v``'s gradient is
-  one product and sum over all K, the cascade's one per row of its lower triangle.
+  its output);
+* backward walks the cascade once in reverse. For a Linear every ``dL/da_k`` goes into one
+  ``[B, K, N]`` buffer, which *is* the gradient of the bank's output: one GEMM then gives
+  the input gradient of all K dendrites, one GEMM the whole bank's weight gradient, one sum
+  the bias gradient. A conv keeps each map in its own tensor (feature maps are large, and
+  one K-times larger block would be mapped fresh at every step) and runs one
+  ``convolution_backward`` per dendrite. ``v``'s gradient is one product and sum per
+  dendrite, the cascade's one per row of its lower triangle.
 
-So the GEMM count of a training step no longer grows with K in backward, and the elementwise
+For a Linear the GEMM count of backward no longer grows with K, and the elementwise
 kernels run without autograd bookkeeping. The layer uses this path in eager mode for
 Linear and ungrouped zero-padded Conv banks whose sets feed every neuron; everything else
 (selective growth, a candidate trained apart, grouped or reflect-padded convs, generic
@@ -111,20 +113,31 @@ class FusedMix(torch.autograd.Function):
 
     Written for few Python-level calls (their cost is what this node saves): views come
     from one ``unbind`` each, never from indexing in a loop. Tensors are handled as
-    ``[B, N, S]`` views (batch, neurons, the rest; S = 1 for a Linear)."""
+    ``[B, N, S]`` views (batch, neurons, the rest; S = 1 for a Linear).
+
+    Buffers follow what is large. A Linear's per-dendrite tensors are small next to its
+    weights: the K ``d_k`` share one ``[K, B, N, 1]`` buffer and the K ``dL/da_k`` one
+    ``[B, K*N]`` buffer, so one GEMM gives the input gradient and one the bank's weight
+    gradient. A conv's feature maps are large next to its weights: each ``d_k`` and
+    ``dL/da_k`` is its own tensor (the allocator reuses blocks of one feature map's size;
+    one K-times larger block would be mapped fresh from the system at every step), and
+    each dendrite's ``convolution_backward`` writes its rows of the bank's gradient.
+    """
 
     @staticmethod
     def forward(ctx, y, x, weight, bias, cascade, out_weight, spec, conv_forward):
         k = out_weight.shape[0]
-        if spec.kind == "linear":
+        linear = spec.kind == "linear"
+        if linear:
             n = y.shape[-1]
             b, s = y.numel() // n, 1
+            d_all = y.new_empty((k, b, n, s))
+            ds = d_all.unbind(0)
         else:
             b, n = y.shape[0], y.shape[1]
             s = y.numel() // (b * n)
-        d_all = y.new_empty((k, b, n, s))
-        ds = d_all.unbind(0) if k > 1 else (d_all[0],)
-        vs = out_weight.view(k, n, 1).unbind(0) if k > 1 else (out_weight.view(n, 1),)
+            ds = []
+        vs = out_weight.view(k, n, 1).unbind(0)
         ws = cascade.view(-1, n, 1).unbind(0) if cascade is not None else ()
         pre = bank_pre_activations(x, weight, bias, k, spec, conv_forward)
         activation = spec.activation
@@ -132,15 +145,22 @@ class FusedMix(torch.autograd.Function):
         row = 0
         for i in range(k):
             a = pre[i].reshape(b, n, s)
+            pre[i] = None  # a conv's d_k takes its pre-activation's memory, a Linear's is freed
             for j in range(i):  # the autograd code's order: growth stays exact
                 a.addcmul_(ws[row], ds[j])
                 row += 1
-            _activate(a, activation, ds[i])
+            _activate(a, activation, ds[i] if linear else a)
+            if not linear:
+                ds.append(a)
             out = torch.addcmul(y.reshape(b, n, s), vs[i], ds[i]) if out is None else \
                 out.addcmul_(vs[i], ds[i])
         ctx.spec = spec
         ctx.conv_forward = conv_forward
-        ctx.save_for_backward(y, x, weight, bias, cascade, out_weight, d_all)
+        ctx.shape = (k, b, n, s)
+        if linear:
+            ctx.save_for_backward(x, weight, bias, cascade, out_weight, d_all)
+        else:
+            ctx.save_for_backward(x, weight, bias, cascade, out_weight, *ds)
         return out.view(y.shape)
 
     @staticmethod
@@ -148,64 +168,93 @@ class FusedMix(torch.autograd.Function):
         if torch.is_grad_enabled():  # create_graph=True: differentiate the reference instead
             return _double_backward(ctx, grad)
         need_y, need_x, need_w, need_b, need_c, need_v = ctx.needs_input_grad[:6]
-        _, x, weight, bias, cascade, out_weight, d_all = ctx.saved_tensors
+        x, weight, bias, cascade, out_weight, *saved = ctx.saved_tensors
         need_b = need_b and bias is not None
         spec = ctx.spec
-        k, b, n, s = d_all.shape
+        linear = spec.kind == "linear"
+        k, b, n, s = ctx.shape
         g3 = grad.reshape(b, n, s)
         g_x = g_w = g_b = g_c = g_v = None
-        if need_v:
-            g_v = (d_all * g3).sum((1, 3))
-        if need_x or need_w or need_b or need_c:
-            activation = spec.activation
-            g_a = d_all.new_empty((b, k, n, s))  # dL/da_k, laid out as the bank's output
-            if k == 1:
-                _backward_through(g3 * out_weight.view(n, 1), d_all[0], activation,
-                                  g_a.view(b, n, s))
+        if linear:
+            d_all = saved[0]
+            ds = d_all.unbind(0) if k > 1 else (d_all[0],)
+            if need_v:
+                g_v = (d_all * g3).sum((1, 3))
+        else:
+            ds = saved
+            if need_v:
+                g_v = torch.stack([(d * g3).sum((0, 2)) for d in ds])
+        if not (need_x or need_w or need_b or need_c):
+            return grad if need_y else None, None, None, None, None, g_v, None, None
+        activation = spec.activation
+        vs = out_weight.view(k, n, 1).unbind(0)
+        ws = cascade.view(-1, n, 1).unbind(0) if cascade is not None else ()
+        if linear:  # dL/da_k, laid out as the bank's output
+            g_a = grad.new_empty((b, k, n, s))
+            gas = g_a.unbind(1) if k > 1 else (g_a.view(b, n, s),)
+        else:
+            gas = [None] * k
+        for i in range(k - 1, -1, -1):
+            t = g3 * vs[i]
+            for later in range(i + 1, k):
+                t.addcmul_(gas[later], ws[later * (later - 1) // 2 + i])
+            if linear:
+                _backward_through(t, ds[i], activation, gas[i])
             else:
-                ds = d_all.unbind(0)
-                vs = out_weight.view(k, n, 1).unbind(0)
-                ws = cascade.view(-1, n, 1).unbind(0)
-                gas = g_a.unbind(1)
-                for i in range(k - 1, -1, -1):
-                    t = g3 * vs[i]
-                    for later in range(i + 1, k):
-                        t.addcmul_(gas[later], ws[later * (later - 1) // 2 + i])
-                    _backward_through(t, ds[i], activation, gas[i])
-                if need_c:
-                    g_c = torch.cat([(d_all[:i] * gas[i]).sum((1, 3)) for i in range(1, k)])
-            if need_x or need_w or need_b:
-                if spec.kind == "linear":
-                    flat = g_a.view(b, k * n)
-                    if need_x:
-                        g_x = flat.mm(weight).view(x.shape)
-                    if need_w:
-                        g_w = flat.t().mm(x.reshape(b, x.shape[-1]))
-                    if need_b:
-                        g_b = flat.sum(0)
-                else:
-                    stride, padding, dilation = spec.conv
-                    flat = g_a.view(b, k * n, *_spatial(x, weight, spec))
-                    g_x, g_w, g_b = torch.ops.aten.convolution_backward(
-                        flat, x, weight, [k * n] if need_b else None, list(stride),
-                        list(padding), list(dilation), False, [0] * len(stride), 1,
-                        [need_x, need_w, need_b])
+                _backward_through(t, ds[i], activation, t)
+                gas[i] = t
+        if need_c and k > 1:
+            g_c = torch.cat([(d * gas[i]).sum((0, 2)).unsqueeze(0)
+                             for i in range(1, k) for d in ds[:i]])
+        if linear:
+            flat = g_a.view(b, k * n)
+            if need_x:
+                g_x = flat.mm(weight).view(x.shape)
+            if need_w:
+                g_w = flat.t().mm(x.reshape(b, x.shape[-1]))
+            if need_b:
+                g_b = flat.sum(0)
+        elif need_x or need_w or need_b:
+            g_x, g_w, g_b = _conv_bank_backward(gas, x, weight, spec, n, need_x, need_w, need_b)
         return grad if need_y else None, g_x, g_w, g_b, g_c, g_v, None, None
+
+
+def _conv_bank_backward(gas, x, weight, spec, n, need_x, need_w, need_b):
+    """Input, bank weight and bank bias gradients of a conv bank, dendrite by dendrite."""
+    stride, padding, dilation = spec.conv
+    dims = len(stride)
+    shape = [x.shape[0], n, *_spatial(x, weight, spec)]
+    ws = weight.split(n)
+    g_x = None
+    g_ws, g_bs = [], []
+    for i, g in enumerate(gas):
+        gi, gw, gb = torch.ops.aten.convolution_backward(
+            g.view(shape), x, ws[i], [n] if need_b else None, list(stride), list(padding),
+            list(dilation), False, [0] * dims, 1, [need_x, need_w, need_b])
+        if need_x:
+            g_x = gi if g_x is None else g_x.add_(gi)
+        g_ws.append(gw)
+        g_bs.append(gb)
+    return (g_x, torch.cat(g_ws) if need_w else None, torch.cat(g_bs) if need_b else None)
 
 
 def _double_backward(ctx, grad):
     """Backward with create_graph=True: autograd through :func:`reference_mix`, from the
-    saved inputs themselves, so the gradients stay connected to the graph."""
-    inputs = ctx.saved_tensors[:6]
+    saved inputs themselves, so the gradients stay connected to the graph. ``y`` enters the
+    output with slope 1, so its gradient is ``grad`` and a zero tensor stands in for it."""
+    inputs = [grad.new_zeros(grad.shape), *ctx.saved_tensors[:5]]
     wanted = [i for i, (t, need) in enumerate(zip(inputs, ctx.needs_input_grad[:6]))
-              if need and t is not None]
+              if i > 0 and need and t is not None]
     grads: list[torch.Tensor | None] = [None] * 8
-    with torch.enable_grad():
-        out = reference_mix(*inputs, ctx.spec, ctx.conv_forward)
-        got = torch.autograd.grad(out, [inputs[i] for i in wanted], grad, create_graph=True,
-                                  allow_unused=True)
-    for i, g in zip(wanted, got):
-        grads[i] = g
+    if ctx.needs_input_grad[0]:
+        grads[0] = grad
+    if wanted:
+        with torch.enable_grad():
+            out = reference_mix(*inputs, ctx.spec, ctx.conv_forward)
+            got = torch.autograd.grad(out, [inputs[i] for i in wanted], grad,
+                                      create_graph=True, allow_unused=True)
+        for i, g in zip(wanted, got):
+            grads[i] = g
     return tuple(grads)
 
 
