@@ -321,6 +321,28 @@ def table_demo() -> str:
                   "wider (hidden, params, test acc)", "dendrites vs wider"], out)
 
 
+# ------------------------------------------------------------------------ per-epoch cost
+def table_epoch_cost() -> str:
+    """``epoch_cost.py``: the perfora calls per epoch on the digits MLP, native and compat,
+    with PerforatedAI's figure as quoted in issue 16 (not measured here)."""
+    result = _load("epoch_cost.json")
+    out = []
+    for name, r in result["results"].items():
+        sizes = r["json_bytes"]
+        first, last = min(sizes, key=int), max(sizes, key=int)
+        out.append([f"perfora {name}", f"{r['median_ms']:.2f}", f"{r['p90_ms']:.2f}",
+                    f"{r['median_no_write_ms']:.2f}", f"{r['train_epoch_ms']:.1f}",
+                    f"{100 * r['fraction']:.1f}%", f"{r['checkpoint_writes']} of {r['epochs']}",
+                    f"{sizes[first]:,} → {sizes[last]:,} (epoch {first} → {last})"])
+    quoted = result["quoted"]
+    out.append(["PerforatedAI (quoted, not measured here)", "", "", "",
+                f"~{quoted['perforatedai_epoch_ms']:g}",
+                f"{100 * quoted['perforatedai_fraction']:.0f}%", "", ""])
+    return _rows(["API", "median ms", "p90 ms", "median ms, no file written", "training epoch ms",
+                  "share of the epoch", "epochs writing `latest`", "checkpoint JSON bytes"],
+                 out)
+
+
 TABLES: dict[str, Callable[[], str]] = {
     "overhead": table_overhead,
     "overhead-unfused": table_overhead_unfused,
@@ -338,6 +360,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "gpu-growth": table_gpu_growth,
     "gpu-runs": table_gpu_runs,
     "demo": table_demo,
+    "epoch-cost": table_epoch_cost,
 }
 
 

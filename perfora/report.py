@@ -5,7 +5,11 @@ from __future__ import annotations
 import csv
 import io
 import json
+import logging
 import math
+import os
+import re
+import stat
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -15,6 +19,10 @@ from .checkpoint import append_text, atomic_write_bytes, atomic_write_text, remo
 METRIC_COLUMNS = ["epoch", "phase", "dendrites", "val_score", "running_score", "test_score",
                   "lr", "params", "seconds", "event"]
 ARCH_COLUMNS = ["dendrites", "params", "best_val_score", "test_score", "epoch"]
+TEXT_COLUMNS = ("phase", "event", "reason")  # kept as text when metrics.csv is read back
+_INT = re.compile(r"[+-]?\d+")
+
+log = logging.getLogger("perfora")
 
 
 def _fmt(value: Any) -> Any:
@@ -41,6 +49,43 @@ class RunReport:
     @property
     def metrics_path(self) -> Path:
         return self.run_dir / "metrics.csv"
+
+    def resume_history(self, saved: Sequence[Mapping[str, Any]], epoch: int,
+                       source: Path | None = None) -> list[dict[str, Any]]:
+        """The full history of a run resumed at ``epoch``, also written to metrics.csv.
+
+        A checkpoint keeps only its newest rows (``saved``; all of them in files of older
+        versions); the earlier ones are read back from metrics.csv (``source``: the one
+        next to the checkpoint; default this run's), rows after ``epoch`` dropped. If
+        that file is missing or belongs to another run, the history starts at the saved
+        rows (logged)."""
+        history = [*self._earlier_rows(saved, epoch, source), *map(dict, saved)]
+        self.rewrite_metrics(history)
+        return history
+
+    def _earlier_rows(self, saved: Sequence[Mapping[str, Any]], epoch: int,
+                      source: Path | None) -> list[dict[str, Any]]:
+        """The rows of metrics.csv before the first saved row, if they belong to this run:
+        the file must hold the first saved row itself (same epoch, dendrites and score)."""
+        first = saved[0] if saved else None
+        start = first["epoch"] if first is not None else epoch + 1
+        if start <= 1:
+            return []
+        source = source if source is not None else self.metrics_path
+        rows = read_metrics(source)
+        if rows is None:
+            log.warning("perfora: %s could not be read; metrics.csv of the resumed run starts "
+                        "at epoch %d", source, start)
+            return []
+        if first is not None:
+            match = [r for r in rows if r["epoch"] == start]
+            if not match or any(match[0].get(k) != first.get(k)
+                                for k in ("dendrites", "val_score")):
+                log.warning("perfora: %s does not hold the checkpoint's epoch %d (another "
+                            "run's?); metrics.csv of the resumed run starts there", source,
+                            start)
+                return []
+        return [r for r in rows if r["epoch"] < start]
 
     def rewrite_metrics(self, history: Sequence[Mapping[str, Any]]) -> None:
         """Write metrics.csv anew from the whole history (after a load: columns may differ)."""
@@ -143,3 +188,67 @@ class RunReport:
         buf = io.BytesIO()
         fig.savefig(buf, format="png")
         atomic_write_bytes(self.run_dir / "history.png", buf.getvalue())
+
+
+def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]] | None:
+    """The rows of a metrics.csv as the controller recorded them (numbers as numbers, empty
+    cells as None, or left out for columns a row did not have); None when the file is
+    missing, not a regular file, or malformed."""
+    text = _read_regular_file(path)
+    if text is None:
+        return None
+    rows = []
+    try:
+        for raw in csv.DictReader(io.StringIO(text, newline="")):
+            row = _parse_row(raw)
+            if row is None:
+                return None
+            rows.append(row)
+    except csv.Error:
+        return None
+    return rows
+
+
+def _parse_row(raw: Mapping[str | None, Any]) -> dict[str, Any] | None:
+    """One row read back (None when malformed: cells beyond the header, no integer epoch)."""
+    row: dict[str, Any] = {}
+    for key, text in raw.items():
+        if key is None or text is None:
+            return None
+        if key in TEXT_COLUMNS:
+            row[key] = text
+        elif text != "":
+            row[key] = _number(text)
+        elif key in METRIC_COLUMNS:
+            row[key] = None
+    return row if isinstance(row.get("epoch"), int) else None
+
+
+def _number(text: str) -> Any:
+    """An int or float as :func:`_fmt` wrote it (``repr`` round-trips exactly); other text
+    stays text."""
+    if _INT.fullmatch(text):
+        return int(text)
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+def _read_regular_file(path: str | os.PathLike) -> str | None:
+    """The text of a regular file, never through a symlink or from a FIFO; None otherwise."""
+    flags = (os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+             | getattr(os, "O_CLOEXEC", 0))
+    if not hasattr(os, "O_NOFOLLOW") and os.path.islink(path):
+        return None
+    try:
+        fd = os.open(path, flags)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        try:
+            return handle.read().decode("utf-8")
+        except (OSError, UnicodeDecodeError):
+            return None

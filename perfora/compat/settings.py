@@ -94,7 +94,9 @@ SETTINGS: dict[str, Spec] = {
     "drawing_pai": Spec(True, "accepted", _GRAPHS),
     "drawing_extra_graphs": Spec(True, "accepted", _GRAPHS),
     "save_old_graph_scores": Spec(True, "accepted", _GRAPHS),
-    "test_saves": Spec(True, "accepted", "perfora writes latest.pt every epoch"),
+    "test_saves": Spec(True, "accepted",
+                       "perfora writes latest.pt within checkpoint_time_budget (default 5% "
+                       "of the run time), and always at restructures and at the end"),
     "pai_saves": Spec(False, "accepted", "perfora models need no separate clean copy"),
     "find_best_lr": Spec(True, "accepted", _NO_SWEEP),
     "dont_give_up_unless_learning_rate_lowered": Spec(True, "accepted", _NO_SWEEP),
@@ -276,7 +278,6 @@ class PAISettings:
             # the baseline (no dendrites) is plain early stopping, capacity test or not
             "capacity_test": bool(v["testing_dendrite_capacity"]) and max_dendrites != 0,
             "activation": activation_name(v["pai_forward_function"]),
-            "checkpoint_time_budget": None,  # latest.pt every epoch, as PerforatedAI
             "rule": "correlation" if v["perforated_backpropagation"] else "gd",
             # PerforatedAI's growth, whatever perfora's defaults are: every neuron gets a
             # dendrite with random weights

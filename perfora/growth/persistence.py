@@ -45,10 +45,17 @@ if TYPE_CHECKING:
 class CheckpointMethods:
     """The controller's checkpoint methods: state to save, file load, framework restore."""
 
-    def state_dict(self) -> dict[str, Any]:
-        """Controller + rule state (JSON-able)."""
-        return {"controller": self.state.to_dict(), "rule": self.rule.state_dict(),
-                "config": self.config.to_dict()}
+    def state_dict(self, history_rows: int | None = None) -> dict[str, Any]:
+        """Controller + rule state (JSON-able).
+
+        ``history_rows``: keep only the newest rows of the per-epoch history. perfora's own
+        checkpoints keep ``history_lookback`` rows, so their JSON does not grow with the
+        epochs (metrics.csv holds every row; a resume reads them back from the metrics.csv
+        next to the file). The default keeps all rows, for frameworks that store this state
+        in their own checkpoints (Lightning, HF Trainer) and may resume into another
+        folder, where no metrics.csv of the run is."""
+        return {"controller": self.state.to_dict(history_rows=history_rows),
+                "rule": self.rule.state_dict(), "config": self.config.to_dict()}
 
     def to_checkpoint(self, model_from_best: bool = False) -> Checkpoint:
         """Everything needed to resume exactly: model, best snapshot, optimizer, state.
@@ -56,7 +63,8 @@ class CheckpointMethods:
         ``model_from_best``: the model tensors and structure are the best snapshot."""
         inner = unwrap_model(self.model)
         tensors: dict[str, dict[str, torch.Tensor]] = {"model": self._writer.model_state(self)}
-        meta: dict[str, Any] = {"structure": layer_specs(inner), **self.state_dict(),
+        meta: dict[str, Any] = {"structure": layer_specs(inner),
+                                **self.state_dict(history_rows=self.config.history_lookback),
                                 "perfora_version": __version__}
         optimizer = self._writer.optimizer_state(self)
         best = self._best
@@ -155,14 +163,19 @@ def restore_file(ctl: GrowthController, ckpt: Checkpoint, path: Path,
     if "structure" not in meta:
         raise CheckpointError(f"{path}: structure: missing")
     state = checked_state(meta["controller"], str(path))
-    restore(ctl, state, meta, str(path), ckpt=ckpt, rehearsed=rehearsed)
+    restore(ctl, state, meta, str(path), ckpt=ckpt, rehearsed=rehearsed,
+            metrics=path.parent / "metrics.csv")
 
 
 def restore(ctl: GrowthController, state: ControllerState, meta: Mapping[str, Any],
             source: str, *, ckpt: Checkpoint | None = None, best: BestSnapshot | None = None,
-            rehearsed: bool = False) -> None:
+            rehearsed: bool = False, metrics: Path | None = None) -> None:
     """The one restore path: with ``ckpt`` (rehearsed first) its structure and weights, then
-    the controller and rule state, the best snapshot, and with ``ckpt`` the optimizer's."""
+    the controller and rule state, the best snapshot, and with ``ckpt`` the optimizer's.
+
+    The history before the checkpoint's newest rows is read back from ``metrics`` (the
+    metrics.csv next to the file; default the run folder's), and metrics.csv is rewritten
+    with the rows up to the checkpoint's epoch."""
     if ckpt is not None:
         if not rehearsed and not ctl.backend.sharded:
             slot = ctl._slot
@@ -183,7 +196,8 @@ def restore(ctl: GrowthController, state: ControllerState, meta: Mapping[str, An
         ctl._rebuild_after_change()
         _restore_optimizer(ctl, ckpt, source)
     if ctl._writer.report is not None:
-        ctl._writer.report.rewrite_metrics(ctl.state.history)
+        ctl.state.history = ctl._writer.report.resume_history(ctl.state.history,
+                                                              ctl.state.epoch, metrics)
     arm_probe(ctl)
     ctl._last_time = time.perf_counter()
 

@@ -56,7 +56,10 @@ class Decision:
 
 @dataclass
 class ControllerState:
-    """Everything the controller decides from; JSON-able, saved in every checkpoint."""
+    """Everything the controller decides from; JSON-able, saved in every checkpoint.
+
+    ``history`` holds one row per epoch reported in this process (after a resume: the rows
+    read back from metrics.csv); a checkpoint saves only its newest rows."""
 
     epoch: int = 0
     cycle_start_epoch: int = 0
@@ -75,9 +78,18 @@ class ControllerState:
     history: list[dict[str, Any]] = field(default_factory=list)
     arch: dict[str, dict[str, Any]] = field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
-        """A shallow copy as a dict: rows are flat dicts of numbers (no deep copy of history)."""
-        return {f.name: copy.copy(getattr(self, f.name)) for f in dataclasses.fields(self)}
+    def to_dict(self, history_rows: int | None = None) -> dict[str, Any]:
+        """A shallow copy as a dict: rows are flat dicts of numbers (no deep copy of history).
+
+        ``history_rows``: keep only the newest rows of ``history``. A checkpoint keeps a few
+        (no decision reads them; the full history is in metrics.csv), so its JSON does not
+        grow with the number of epochs."""
+        data = {f.name: copy.copy(getattr(self, f.name)) for f in dataclasses.fields(self)
+                if f.name != "history"}
+        keep = len(self.history) if history_rows is None else max(0, history_rows)
+        rows = self.history[max(0, len(self.history) - keep):] if keep else []
+        data["history"] = list(rows)
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ControllerState:
