@@ -63,8 +63,10 @@ class CheckpointMethods:
         ``model_from_best``: the model tensors and structure are the best snapshot."""
         inner = unwrap_model(self.model)
         tensors: dict[str, dict[str, torch.Tensor]] = {"model": self._writer.model_state(self)}
+        # with a run folder metrics.csv holds every row; without one the checkpoint does
+        rows = self.config.history_lookback if self._writer.report is not None else None
         meta: dict[str, Any] = {"structure": layer_specs(inner),
-                                **self.state_dict(history_rows=self.config.history_lookback),
+                                **self.state_dict(history_rows=rows),
                                 "perfora_version": __version__}
         optimizer = self._writer.optimizer_state(self)
         best = self._best

@@ -216,7 +216,7 @@ def test_controller_fields_are_checked(tmp_path: Path, field: str, bad: Any,
 
 @pytest.mark.parametrize(("mutate", "expected"), [
     (lambda m: m["controller"]["history"][0].pop("epoch"), "controller.history[0].epoch: missing"),
-    (lambda m: m["controller"]["history"].append({"epoch": 9, "val_score": "high"}),
+    (lambda m: m["controller"]["history"][1].update(val_score="high"),
      "controller.history[1]['val_score']: expected a number or null, got 'high'"),
     (lambda m: m["structure"]["0"].pop("num_neurons"), "structure['0'].num_neurons: missing"),
     (lambda m: m["structure"]["0"].update(activation="gelu"),
