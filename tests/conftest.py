@@ -14,3 +14,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
 # environment asks for it (PERFORA_FSYNC=1); tests/unit/checkpoint/test_hostile_files.py
 # checks the fsyncs.
 os.environ.setdefault("PERFORA_FSYNC", "0")
+
+# One intra-op thread per process, inherited by every rank the tests start: two pytest-xdist
+# workers, each starting 2-rank jobs, on CI's 2 cores. With torch's default (one thread per
+# core) the processes' OpenMP pools oversubscribe the cores and spin against each other,
+# which made the suite several times slower than its work.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
+
+import torch  # noqa: E402  (after the thread settings, which torch reads at import)
+
+torch.set_num_threads(1)
