@@ -212,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="fresh processes per configuration (median taken)")
     ap.add_argument("--out", type=Path, default=None, help="JSON output path")
     args = ap.parse_args(argv)
+    if args.repeats < 1:
+        ap.error(f"--repeats must be at least 1, got {args.repeats}")
     if args.child:
         print(json.dumps(child(json.loads(args.child))))
         return 0
