@@ -52,6 +52,14 @@ PARAM_GROUPS = ("base", "bank", "cascade", "out", "candidate")
 _CANDIDATE_NAMES = ("candidate_weight", "candidate_bias", "candidate_cascade")
 
 
+def index_add_promoted(out: torch.Tensor, axis: int, index: torch.Tensor,
+                       term: torch.Tensor) -> torch.Tensor:
+    """``out.index_add(axis, index, term)`` in the promoted dtype, as ``out + term`` would be
+    (under autocast a bf16 output meets float32 ``v`` rows; index_add refuses mixed dtypes)."""
+    dtype = torch.promote_types(out.dtype, term.dtype)
+    return out.to(dtype).index_add(axis, index, term.to(dtype))
+
+
 def bank_kind(module: nn.Module) -> str:
     """'linear', 'conv' or 'generic': how a module's dendrites are batched."""
     if type(module) is nn.Linear or isinstance(module, nn.Linear):
@@ -639,7 +647,7 @@ class DendriticLayer(nn.Module):
             pad_shape = list(d.shape)
             pad_shape[axis] = 1
             padded.append(torch.cat([d, d.new_zeros(pad_shape)], axis))
-            out = out.index_add(axis, index[i], v[i].index_select(axis, index[i]) * d)
+            out = index_add_promoted(out, axis, index[i], v[i].index_select(axis, index[i]) * d)
         return out
 
     def _candidate_output(self, x: torch.Tensor, dendrites: list[torch.Tensor],
