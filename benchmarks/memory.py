@@ -50,6 +50,8 @@ import sys
 import time
 from pathlib import Path
 
+from rss import MALLOC_ENV, peak_rss_bytes, reset_peak_rss, rss_bytes
+
 HERE = Path(__file__).resolve().parent
 DEFAULT_OUT = HERE / "results" / "memory.json"
 TARGET_K0 = 1.02
@@ -62,28 +64,6 @@ VARIANTS = ("plain", "K=0", "K=1", "K=2", "K=3", "K=5", "grown 5x")
 
 
 # ------------------------------------------------------------------------------ the child
-MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}
-
-
-def _rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def _reset_peak_rss() -> None:
-    """Set this process's peak resident size (VmHWM) to its current size (Linux >= 4.0)."""
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-
-
-def _peak_rss_bytes() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmHWM in /proc/self/status")
-
-
 def _build(name: str):
     from torch import nn
     if name.startswith("mlp"):
@@ -117,7 +97,7 @@ def child(spec: dict) -> dict:
         torch.cuda.synchronize()
         base = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
-    base_rss = _rss_bytes()
+    base_rss = rss_bytes()
 
     variant = spec["variant"]
     model = _build(spec["model"]).to(device)
@@ -173,7 +153,7 @@ def child(spec: dict) -> dict:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
     else:
-        _reset_peak_rss()
+        reset_peak_rss()
     train(STEPS, opt)
 
     params = sum(p.numel() for p in model.parameters())
@@ -183,7 +163,7 @@ def child(spec: dict) -> dict:
         torch.cuda.synchronize()
         result["peak_bytes"] = torch.cuda.max_memory_allocated() - base
     else:
-        result["peak_bytes"] = _peak_rss_bytes() - base_rss
+        result["peak_bytes"] = peak_rss_bytes() - base_rss
     return result
 
 

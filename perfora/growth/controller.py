@@ -137,9 +137,12 @@ class GrowthController(OptimizerMethods, CheckpointMethods):
 
     def _unshard(self) -> None:
         """Sharded: swap the model for an unsharded copy with the full state (collective)."""
-        plain = self.backend.unshard(self.model)
-        if plain is not self.model:
-            self.model = plain
+        self._swap(self.backend.unshard(self.model))
+
+    def _swap(self, model: nn.Module) -> None:
+        """Train ``model`` from now on (a copy or a re-sharded model the backend built)."""
+        if model is not self.model:
+            self.model = model
             self.rule.bind_model(self.model)
 
     def _sync_structure(self) -> None:
@@ -256,5 +259,10 @@ class GrowthController(OptimizerMethods, CheckpointMethods):
 
     @property
     def best_snapshot(self) -> tuple[dict, dict[str, torch.Tensor]] | None:
-        """(structure, tensors) of the best model so far, kept in memory for the rewind."""
-        return None if self._best is None else self._best.as_tuple()
+        """(structure, tensors) of the best model so far, kept in memory for the rewind.
+
+        Under FSDP2 the snapshot holds each rank's shards: call it on every rank (the
+        tensors are gathered whole)."""
+        if self._best is None:
+            return None
+        return self._best.structure, self.backend.whole(self._best.tensors)

@@ -69,13 +69,13 @@ class CheckpointMethods:
                                 **self.state_dict(history_rows=rows),
                                 "perfora_version": __version__}
         optimizer = self._writer.optimizer_state(self)
-        best = self._best
+        best, best_tensors = self._best, self._writer.best_state(self)
         if model_from_best and best is not None:
             if best.structure != meta["structure"]:
                 optimizer = None  # the moments belong to the grown model, not the best one
-            meta["structure"], tensors["model"] = best.as_tuple()
+            meta["structure"], tensors["model"] = best.structure, best_tensors
         if best is not None:
-            tensors["best"] = best.tensors
+            tensors["best"] = best_tensors
             meta["best_structure"] = best.structure
         if optimizer is not None:
             opt_tensors, opt_meta = optimizer

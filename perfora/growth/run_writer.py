@@ -34,6 +34,7 @@ class Gathered:
 
     model: dict[str, torch.Tensor]
     optimizer: tuple[dict[str, torch.Tensor], dict] | None
+    best: dict[str, torch.Tensor] | None  # the best snapshot whole (FSDP2 keeps shards)
 
 
 class RunWriter:
@@ -89,13 +90,21 @@ class RunWriter:
         """Sharded and due: gather the full model and optimizer state on every rank."""
         if due and ctl.backend.sharded and self.saves_checkpoints:
             optimizer = self.optimizer_state(ctl)
-            self.gathered = Gathered(to_storable(ctl.backend.full_state(ctl.model)), optimizer)
+            self.gathered = Gathered(to_storable(ctl.backend.full_state(ctl.model)), optimizer,
+                                     self.best_state(ctl))
 
     def model_state(self, ctl: GrowthController) -> dict[str, torch.Tensor]:
         """The full model state: gathered for this write, or read now (sharded: collective)."""
         if self.gathered is not None:
             return self.gathered.model
         return ctl.backend.full_state(ctl.model)
+
+    def best_state(self, ctl: GrowthController) -> dict[str, torch.Tensor] | None:
+        """The best snapshot's tensors whole: gathered for this write, or now (a collective
+        under FSDP2, whose snapshots hold each rank's shards)."""
+        if self.gathered is not None:
+            return self.gathered.best
+        return None if ctl._best is None else ctl.backend.whole(ctl._best.tensors)
 
     def optimizer_state(self, ctl: GrowthController
                         ) -> tuple[dict[str, torch.Tensor], dict] | None:

@@ -23,11 +23,10 @@ from ..checkpoint import (
     rehearse_load,
     save_checkpoint,
     shadow_copy,
-    to_storable,
 )
 from ..checkpoint_schema import validate_structure
 from ..errors import CheckpointError, ConversionError, PerforationError, ShapeMismatchError
-from ..layers import unwrap_model
+from ..layers import dendritic_layers, unwrap_model
 from ..parallel.collectives import all_reduce_values
 from ..perforation import layer_specs, rebuild_structure
 from .policy import growth_may_come_next
@@ -88,9 +87,10 @@ def apply_activation(layers: Mapping[str, Any], activation: str | None) -> None:
 
 
 def snapshot_best(ctl: GrowthController) -> None:
-    """Keep the model's structure and weights as the best snapshot (for the rewind)."""
-    state = ctl.backend.full_state(ctl.model)
-    ctl._best = BestSnapshot(layer_specs(unwrap_model(ctl.model)), to_storable(state))
+    """Keep the model's structure and tensors as the best snapshot (for the rewind); under
+    FSDP2 this rank's shards only."""
+    ctl._best = BestSnapshot(layer_specs(unwrap_model(ctl.model)),
+                             ctl.backend.snapshot(ctl.model))
 
 
 def rewind_to_best(ctl: GrowthController) -> None:
@@ -98,27 +98,32 @@ def rewind_to_best(ctl: GrowthController) -> None:
     if ctl._best is None:
         return
     specs, weights = ctl._best.as_tuple()
-    ctl._unshard()
-    rebuild_structure(ctl.model, specs)
-    load_state_into(ctl.model, weights, "the best-model snapshot")
+    ctl._swap(ctl.backend.restore(ctl.model, specs, weights,
+                                  lambda module: ctl.rule.apply(dendritic_layers(module))))
     ctl.state.num_dendrites = ctl._layer_dendrites()
-    ctl.rule.apply(ctl._layers())
 
 
 def grow(ctl: GrowthController) -> None:
-    """Add one dendrite set to every layer (seeded per layer), then rebuild what trains."""
+    """Add one dendrite set to every layer (seeded per layer), then rebuild what trains.
+
+    Each layer grows on its own (under FSDP2 gathered whole one at a time, never the
+    whole model)."""
     st, cfg = ctl.state, ctl.config
-    ctl._unshard()
-    layers = ctl._layers()
-    plans = _plan_growth(ctl, layers)
+    counts = _probe_counts(ctl)
     init = "default" if cfg.dendrite_init == "error" else cfg.dendrite_init
-    for index, (path, layer) in enumerate(sorted(layers.items())):
+
+    def grow_layer(index: int, path: str, layer: Any) -> None:
         seed = zlib.crc32(f"{cfg.seed}:{st.additions}:{index}:{path}".encode())
         gen = torch.Generator().manual_seed(seed)
-        plan = plans.get(path)
+        plan = _plan_growth(ctl, index, path, layer, counts)
         layer.grow(gen, init=init, scale=cfg.dendrite_init_scale,
                    neurons=plan.neurons if plan else None,
                    weights=plan.weights if plan else None)
+
+    ctl._swap(ctl.backend.edit_layers(ctl.model, grow_layer))
+    if ctl._probe is not None:
+        ctl._probe.clear()
+    layers = ctl._layers()
     st.additions += 1
     st.num_dendrites = ctl._layer_dendrites()
     st.switch_epochs.append(st.epoch)
@@ -130,30 +135,32 @@ def grow(ctl: GrowthController) -> None:
         ctl._usage.after_restructure(ctl._layers())
 
 
-def _plan_growth(ctl: GrowthController, layers: Mapping[str, Any]) -> dict[str, GrowthPlan]:
-    """Per layer, the next set's neurons and weights from the recorded error signal.
+def _probe_counts(ctl: GrowthController) -> dict[str, int]:
+    """Per layer, the error-signal rows every rank recorded (the minimum over ranks)."""
+    if ctl._probe is None:
+        return {}
+    paths = sorted(ctl._layers())
+    counts = torch.tensor([ctl._probe.row_count(p) for p in paths], dtype=torch.int64)
+    counts = all_reduce_values(counts, "min")
+    return {path: int(count) for path, count in zip(paths, counts)}
+
+
+def _plan_growth(ctl: GrowthController, index: int, path: str, layer: Any,
+                 counts: Mapping[str, int]) -> GrowthPlan | None:
+    """The next set's neurons and weights for one layer, from the recorded error signal.
 
     A layer without recorded rows on some rank (or of a kind the probe cannot read)
     grows a full set with random weights, on every rank alike."""
     cfg, probe = ctl.config, ctl._probe
-    if probe is None:
-        return {}
-    paths = sorted(layers)
-    counts = torch.tensor([probe.row_count(p) for p in paths], dtype=torch.int64)
-    counts = all_reduce_values(counts, "min")
-    plans: dict[str, GrowthPlan] = {}
-    for index, path in enumerate(paths):
-        if int(counts[index]) < 2:
-            continue
-        x, e = probe.samples(path)  # type: ignore[misc]
-        seed = zlib.crc32(f"{cfg.seed}:{ctl.state.additions}:{index}:{path}:pool".encode())
-        plans[path] = plan_growth(
-            layers[path], x, e, generator=torch.Generator().manual_seed(seed),
-            fraction=cfg.grow_fraction, train_pool=cfg.dendrite_init == "error",
-            pool=cfg.candidate_pool, steps=cfg.candidate_steps, lr=cfg.candidate_lr,
-            scale=cfg.dendrite_init_scale)
-    probe.clear()
-    return plans
+    if probe is None or counts.get(path, 0) < 2:
+        return None
+    x, e = probe.samples(path)  # type: ignore[misc]
+    seed = zlib.crc32(f"{cfg.seed}:{ctl.state.additions}:{index}:{path}:pool".encode())
+    return plan_growth(
+        layer, x, e, generator=torch.Generator().manual_seed(seed),
+        fraction=cfg.grow_fraction, train_pool=cfg.dendrite_init == "error",
+        pool=cfg.candidate_pool, steps=cfg.candidate_steps, lr=cfg.candidate_lr,
+        scale=cfg.dendrite_init_scale)
 
 
 def arm_probe(ctl: GrowthController) -> None:

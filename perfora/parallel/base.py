@@ -7,19 +7,23 @@ optimizer state, how many parameters the deployed model has.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 import torch
 from torch import nn
 
-from ..checkpoint import shadow_copy, to_storable
+from ..checkpoint import load_state_into, shadow_copy, to_storable
 from ..errors import ParallelError
-from ..layers import unwrap_model
+from ..layers import DendriticLayer, dendritic_layers, unwrap_model
 from ..optim import split_optimizer_state, split_state_dict
+from ..perforation import rebuild_structure
 from .fingerprint import check_same_structure
 from .sharded_state import ShardSpec, full_state_dict, gather_optimizer_state, shard_optimizer_state
 
 OptimizerState = tuple[dict[str, torch.Tensor], dict]
+LayerEdit = Callable[[int, str, DendriticLayer], None]
+Prepare = Callable[[nn.Module], None]
 
 
 class ParallelBackend(Protocol):
@@ -46,6 +50,21 @@ class ParallelBackend(Protocol):
 
     def check_rule(self, rule: str) -> None:
         """Refuse a learning rule this backend cannot run (ParallelError)."""
+
+    def edit_layers(self, model: nn.Module, edit: LayerEdit) -> nn.Module:
+        """Apply ``edit(index, path, layer)`` to every dendritic layer (sorted by path);
+        returns the model to re-wrap (a collective when sharded)."""
+
+    def snapshot(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """The model's tensors kept for a later rewind (this rank's shards when sharded)."""
+
+    def whole(self, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """A snapshot's tensors whole, to write to a file (a collective when sharded)."""
+
+    def restore(self, model: nn.Module, structure: Mapping[str, Mapping],
+                tensors: Mapping[str, torch.Tensor], prepare: Prepare) -> nn.Module:
+        """The model with ``structure`` and ``tensors`` (a snapshot, or whole tensors);
+        ``prepare(module)`` sets what trains before it is wrapped again."""
 
     def optimizer_state(self, optimizer: torch.optim.Optimizer, model: nn.Module
                         ) -> OptimizerState | None:
@@ -92,6 +111,23 @@ class ReplicatedBackend:
 
     def check_rule(self, rule: str) -> None:
         """Every rule runs on a replicated model."""
+
+    def edit_layers(self, model: nn.Module, edit: LayerEdit) -> nn.Module:
+        """Edit each layer in place; the model itself."""
+        return edit_in_place(model, edit)
+
+    def snapshot(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """A detached copy of the full state."""
+        return to_storable(self.full_state(model))
+
+    def whole(self, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The tensors as they are: a replicated snapshot is whole."""
+        return dict(tensors)
+
+    def restore(self, model: nn.Module, structure: Mapping[str, Mapping],
+                tensors: Mapping[str, torch.Tensor], prepare: Prepare) -> nn.Module:
+        """Rebuild the structure in place and load the tensors."""
+        return restore_in_place(model, structure, tensors, prepare)
 
     def optimizer_state(self, optimizer: torch.optim.Optimizer, model: nn.Module
                         ) -> OptimizerState | None:
@@ -144,6 +180,23 @@ class ShardedBackend:
         """None: a sharded model has no local whole copy to rehearse on."""
         return None
 
+    def edit_layers(self, model: nn.Module, edit: LayerEdit) -> nn.Module:
+        """Unshard into a whole copy (every tensor gathered), edit it in place."""
+        return edit_in_place(self.unshard(model), edit)
+
+    def snapshot(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """The full state, gathered (a collective)."""
+        return to_storable(self.full_state(model))
+
+    def whole(self, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The tensors as they are: this backend keeps whole snapshots."""
+        return dict(tensors)
+
+    def restore(self, model: nn.Module, structure: Mapping[str, Mapping],
+                tensors: Mapping[str, torch.Tensor], prepare: Prepare) -> nn.Module:
+        """Unshard into a whole copy, rebuild its structure and load the tensors."""
+        return restore_in_place(self.unshard(model), structure, tensors, prepare)
+
     def check_rule(self, rule: str) -> None:
         """Only 'gd': other rules change parameters outside a restructure."""
         if rule != "gd":
@@ -166,3 +219,20 @@ class ShardedBackend:
         saved = shard_optimizer_state(saved, meta.get("param_names"), optimizer,
                                       unwrap_model(model))
         optimizer.load_state_dict(saved)
+
+
+def edit_in_place(model: nn.Module, edit: LayerEdit) -> nn.Module:
+    """``edit(index, path, layer)`` on each dendritic layer of ``model``, sorted by path."""
+    for index, (path, layer) in enumerate(sorted(dendritic_layers(model).items())):
+        edit(index, path, layer)
+    return model
+
+
+def restore_in_place(model: nn.Module, structure: Mapping[str, Mapping],
+                     tensors: Mapping[str, torch.Tensor], prepare: Prepare) -> nn.Module:
+    """Give ``model`` the saved structure and tensors, then set what trains."""
+    rebuild_structure(model, structure)
+    load_state_into(model, tensors, "the best-model snapshot")
+    prepare(model)
+    return model
+

@@ -1,15 +1,31 @@
-"""FSDP2 (``fully_shard``): a spec perfora can shard again, and its backend."""
+"""FSDP2 (``fully_shard``): a spec perfora can shard again, and its backend.
+
+Growth, the rewind to the best model and best-model snapshots are shard-local here (see
+:mod:`perfora.parallel.shard_local`): no rank ever gathers the whole model for them, and
+the template kept for re-sharding holds the structure only (on the meta device).
+"""
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import nn
 
 from ..errors import ParallelError
 from ..layers import dendritic_layers
-from .base import ShardedBackend
+from .base import LayerEdit, Prepare, ShardedBackend
+from .shard_local import (
+    META,
+    ShardLocalRebuild,
+    edit_layers,
+    rebuild_from,
+    sharded_clones,
+    whole_tensors,
+)
 from .sharded_state import FSDP2_KIND, ShardSpec, is_fsdp2
 
 
@@ -31,6 +47,10 @@ class FSDP2Spec(ShardSpec):
         """True when ``fully_shard`` was applied to ``model`` or a submodule."""
         return is_fsdp2(model)
 
+    def _keep_template(self, module: nn.Module) -> nn.Module:
+        """The structure only, on the meta device: the values live in the shards."""
+        return copy.deepcopy(module).to(META)
+
     def _shard(self, module: nn.Module) -> nn.Module:
         """Each dendritic layer its own unit (``per_layer``), then the whole model."""
         shard = _fully_shard()
@@ -43,9 +63,52 @@ class FSDP2Spec(ShardSpec):
 
 
 class FSDP2Backend(ShardedBackend):
-    """FSDP2: optimizer state saved as full tensors by parameter name."""
+    """FSDP2: shard-local restructures; optimizer state saved as full tensors by name."""
 
     name = FSDP2_KIND
+
+    def _rebuild(self) -> ShardLocalRebuild:
+        return ShardLocalRebuild(self.spec._shard)
+
+    def _template(self) -> nn.Module:
+        if self.spec.template is None:
+            raise ParallelError("perfora lost the structure of this FSDP2 model; shard it "
+                                "with perfora.shard_fsdp2")
+        return self.spec.template
+
+    def edit_layers(self, model: nn.Module, edit: LayerEdit) -> nn.Module:
+        """Each layer gathered whole on its own, edited, cut back to shards (a collective)."""
+        if not self.spec.sharded(model):
+            return super().edit_layers(model, edit)
+        _drop_gradients(model)
+        new, self.spec.template = edit_layers(model, self._template(), self._rebuild(), edit)
+        return self.spec.adopt(new)
+
+    def snapshot(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """This rank's shards, cloned (no gather)."""
+        return sharded_clones(model)
+
+    def whole(self, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Sharded snapshot values gathered whole (a collective on every rank)."""
+        return whole_tensors(tensors)
+
+    def restore(self, model: nn.Module, structure: Mapping[str, Mapping],
+                tensors: Mapping[str, torch.Tensor], prepare: Prepare) -> nn.Module:
+        """A new sharded model with the structure, filled from the snapshot's own shards
+        (or from whole tensors, each cut to this rank's chunk): no gather."""
+        if not self.spec.sharded(model):
+            return super().restore(model, structure, tensors, prepare)
+        _drop_gradients(model)
+        new, self.spec.template = rebuild_from(model, self._template(), self._rebuild(),
+                                               structure, tensors, prepare)
+        return self.spec.adopt(new)
+
+
+def _drop_gradients(model: nn.Module) -> None:
+    """Free the old parameters' gradients before building the new model: the new one
+    trains with a new optimizer, and the memory is needed for its shards."""
+    for p in model.parameters():
+        p.grad = None
 
 
 def shard_fsdp2(model: nn.Module, *, per_layer: bool = True, **fully_shard_kwargs: Any

@@ -82,12 +82,32 @@ def gather_optimizer_state(optimizer: torch.optim.Optimizer, model: nn.Module
     return {"state": state, "param_groups": sd["param_groups"]}, names
 
 
+def chunk_for(full: torch.Tensor, mesh, placements) -> torch.Tensor:
+    """This rank's part of ``full`` when placed on ``mesh`` as ``placements`` (FSDP2 cuts
+    dim-0 chunks with ``torch.chunk``; ranks past the last chunk hold an empty slice)."""
+    from torch.distributed.tensor import Replicate, Shard
+
+    coordinate = mesh.get_coordinate()
+    if coordinate is None:
+        raise ParallelError("this rank is not in the model's device mesh")
+    local = full
+    for mesh_dim, placement in enumerate(placements):
+        if type(placement) is Shard:
+            chunks = torch.chunk(local, mesh.size(mesh_dim), dim=placement.dim)
+            index = coordinate[mesh_dim]
+            local = chunks[index] if index < len(chunks) else local.narrow(placement.dim, 0, 0)
+        elif not isinstance(placement, Replicate):
+            raise ParallelError(f"perfora cannot restructure a parameter placed as "
+                                f"{placements}; it supports FSDP2's Shard(0) and Replicate")
+    return local
+
+
 def local_shard(full: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
     """This rank's part of ``full``, placed like the DTensor ``param`` (FSDP2's dim-0 chunks).
 
     ``torch.chunk`` over the mesh size on each sharded dimension; ranks past the last chunk
     get an empty slice, as FSDP2 gives them. Checked against ``param``'s own local shape."""
-    from torch.distributed.tensor import DTensor, Replicate, Shard
+    from torch.distributed.tensor import DTensor
 
     if not isinstance(param, DTensor):
         return full
@@ -95,25 +115,14 @@ def local_shard(full: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"an optimizer state tensor has shape {tuple(full.shape)} but "
                          f"its parameter {tuple(param.shape)}; under FSDP2 perfora restores "
                          "only per-element and scalar optimizer state")
-    mesh, local = param.device_mesh, full
-    coordinate = mesh.get_coordinate()
-    if coordinate is None:
-        raise ValueError("this rank is not in the parameter's device mesh")
-    for mesh_dim, placement in enumerate(param.placements):
-        if type(placement) is Shard:
-            chunks = torch.chunk(local, mesh.size(mesh_dim), dim=placement.dim)
-            index = coordinate[mesh_dim]
-            local = chunks[index] if index < len(chunks) else local.narrow(placement.dim, 0, 0)
-        elif not isinstance(placement, Replicate):
-            raise ValueError(f"cannot restore optimizer state for a parameter placed as "
-                             f"{param.placements}; perfora supports FSDP2's Shard(0)")
+    local = chunk_for(full, param.device_mesh, param.placements)
     own = param.to_local()
     if local.shape != own.shape:
         raise ValueError(f"this rank's optimizer state slice has shape "
                          f"{tuple(local.shape)} but its parameter shard "
                          f"{tuple(own.shape)}")
     local = local.to(device=own.device).clone()
-    return DTensor.from_local(local, mesh, param.placements, shape=param.shape,
+    return DTensor.from_local(local, param.device_mesh, param.placements, shape=param.shape,
                               stride=param.stride(), run_check=False)
 
 
@@ -187,9 +196,19 @@ class ShardSpec:
             raise ParallelError("perfora lost the unsharded copy of this FSDP2 model; shard "
                                 "it with perfora.distributed.shard_fsdp2")
         state = full_state_dict(model)
-        # the template is kept on the CPU; the copy goes where the shards live (NCCL can
-        # only broadcast device tensors)
-        plain = copy.deepcopy(self.template).to(_local_device(model))
+        # the template is kept on the CPU or, structure only, on the meta device; the copy
+        # goes where the shards live (NCCL can only broadcast device tensors)
+        device = _local_device(model)
+        plain = copy.deepcopy(self.template)
+        if any(t.is_meta for t in [*plain.parameters(), *plain.buffers()]):
+            plain = plain.to_empty(device=device)
+            with torch.no_grad():  # buffers outside the state_dict (non-persistent) too
+                buffers = dict(model.named_buffers())
+                for name, b in plain.named_buffers():
+                    if name in buffers:
+                        b.copy_(buffers[name])
+        else:
+            plain = plain.to(device)
         plain.load_state_dict(state)
         flags = {n.replace(_FSDP1_PREFIX, ""): p.requires_grad
                  for n, p in model.named_parameters()}
@@ -206,7 +225,14 @@ class ShardSpec:
             with torch.no_grad():
                 for t in [*module.parameters(), *module.buffers()]:
                     dist.broadcast(t.data, src=0)
-        self.template = copy.deepcopy(module).cpu()
-        wrapped = self._shard(module)
+        self.template = self._keep_template(module)
+        return self.adopt(self._shard(module))
+
+    def _keep_template(self, module: nn.Module) -> nn.Module:
+        """The unsharded copy kept for the next re-shard (a CPU copy of every value)."""
+        return copy.deepcopy(module).cpu()
+
+    def adopt(self, wrapped: nn.Module) -> nn.Module:
+        """Mark a sharded model as this spec's, so that perfora can re-shard it."""
         object.__setattr__(wrapped, _SPEC_ATTR, self)
         return wrapped
