@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from .controller import GrowthController
 
 FILE, DCP = "file", "dcp"
+_SHARDED_TENSOR = "Please use DTensor instead"  # FSDP1's state dicts warn on every call
 
 
 def resolve_format(setting: str, backend: ParallelBackend) -> str:
@@ -138,7 +139,9 @@ def dcp_state(ctl: GrowthController, model_from_best: bool = False
                             "perfora_version": __version__, "world_size": world_size(),
                             "parallel": ctl.backend.name}
     optimizers = [ctl.optimizer] if _saves_optimizer(ctl) else []
-    model_sd, optim_sd = get_state_dict(module, optimizers)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_SHARDED_TENSOR)
+        model_sd, optim_sd = get_state_dict(module, optimizers)
     tensors: dict[str, Any] = {"model": dict(model_sd)}
     best = ctl._best
     if model_from_best and best is not None:
@@ -238,11 +241,24 @@ def check_fits(shadow: nn.Module, meta: Mapping[str, Any], shapes: Shapes, sourc
     rehearse_rule(shadow, config, meta.get("rule", {}), source)
 
 
+def _check_optimizer_class(ctl: GrowthController, meta: Mapping[str, Any], source: str) -> None:
+    """CheckpointError before anything changes when the registered optimizer is of another
+    class than the saved state's."""
+    recipe, saved = ctl._slot.recipe, meta.get("optimizer_class")
+    if "optimizer" not in meta or recipe is None or ctl._slot.user_owned or saved is None:
+        return
+    if recipe.cls.__qualname__ != saved:
+        raise CheckpointError(f"{source}: the optimizer state was saved from {saved}, but "
+                              f"{recipe.cls.__qualname__} is registered now; register the "
+                              "same optimizer class and arguments as the saved run")
+
+
 def restore_dcp(ctl: GrowthController, path: Path, meta: dict[str, Any], shapes: Shapes,
                 metadata: Any, checked: bool = False) -> None:
     """Structure, controller and rule state, then the shards (model, optimizer, best)."""
     source = str(path)
     state = checked_state(meta["controller"], source)
+    _check_optimizer_class(ctl, meta, source)
     shadow = None if checked else _weightless(ctl)
     if shadow is not None:
         check_fits(shadow, meta, shapes, source, ctl.config)
@@ -266,18 +282,16 @@ def restore_dcp(ctl: GrowthController, path: Path, meta: dict[str, Any], shapes:
 def _load_tensors(ctl: GrowthController, path: Path, meta: Mapping[str, Any], shapes: Shapes,
                   metadata: Any) -> BestSnapshot | None:
     """The saved shards into the model (and optimizer); the best snapshot, read whole."""
-    from torch.distributed.checkpoint.state_dict import (
-        get_state_dict,
-        set_model_state_dict,
-        set_state_dict,
-    )
+    from torch.distributed.checkpoint.state_dict import get_state_dict
 
     source = str(path)
     opt = ctl.optimizer
     restore_opt = opt is not None and "optimizer" in meta and not ctl._slot.user_owned
     module = _state_module(ctl)
     # (a fresh optimizer gets its state entries from one zero step at lr 0; loaded over)
-    model_sd, optim_sd = get_state_dict(module, [opt] if restore_opt else [])
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_SHARDED_TENSOR)
+        model_sd, optim_sd = get_state_dict(module, [opt] if restore_opt else [])
     target: dict[str, Any] = {"model": dict(model_sd)}
     if restore_opt:
         tensors, _ = _split_optimizer(optim_sd)
@@ -292,8 +306,21 @@ def _load_tensors(ctl: GrowthController, path: Path, meta: Mapping[str, Any], sh
     if "best" in shapes:
         target["best"] = {k: torch.empty(s, dtype=d) for k, (s, d) in shapes["best"].items()}
     load_dcp(path, target, metadata)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_SHARDED_TENSOR)
+        _set_state(module, opt if restore_opt else None, target, meta, source)
+    if "best" not in target:
+        return None
+    return BestSnapshot(dict(meta["best_structure"]), target["best"])
+
+
+def _set_state(module: nn.Module, opt: torch.optim.Optimizer | None, target: Mapping[str, Any],
+               meta: Mapping[str, Any], source: str) -> None:
+    """``set_state_dict`` with the loaded tensors (and the optimizer's JSON half)."""
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
+
     try:
-        if restore_opt:
+        if opt is not None:
             set_state_dict(module, [opt], model_state_dict=target["model"],
                            optim_state_dict=_join_optimizer(target["optim"], meta["optimizer"]))
         else:
@@ -302,9 +329,6 @@ def _load_tensors(ctl: GrowthController, path: Path, meta: Mapping[str, Any], sh
         raise CheckpointError(f"{source}: the saved state does not fit the model or the "
                               f"optimizer registered now ({exc}); build the same model and "
                               "register the same optimizer as the saved run") from exc
-    if "best" not in target:
-        return None
-    return BestSnapshot(dict(meta["best_structure"]), target["best"])
 
 
 def from_dcp_checkpoint(cls: type[GrowthController], path: str | Path, model: nn.Module,
