@@ -129,10 +129,10 @@ def save_dcp(path: str | os.PathLike, tensors: Tensors, meta: Mapping[str, Any])
 def _swap_into_place(tmp: Path, path: Path) -> None:
     """Rename the complete ``tmp`` folder to ``path``; the previous one is removed after."""
     old = old_path(path)
-    shutil.rmtree(old, ignore_errors=True)
     if path.is_symlink() or path.is_file():
         path.unlink()
     elif path.exists():
+        shutil.rmtree(old, ignore_errors=True)  # (kept while it is the only complete one)
         os.replace(path, old)
     os.replace(tmp, path)
     if durable_writes():
