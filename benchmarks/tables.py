@@ -343,6 +343,20 @@ def table_epoch_cost() -> str:
                  out)
 
 
+# ------------------------------------------------------------------------ checkpoint IO
+def table_checkpoint_io() -> str:
+    """``checkpoint_io.py``: write and load time of one file against DCP, 2 gloo ranks."""
+    result = _load("checkpoint_io.json")
+    out = []
+    for r in result["rows"]:
+        out.append([f"{r['params'] / 1e6:.2f} M", f"{r['bytes']['file'] / 2**20:.1f}",
+                    f"{r['bytes']['dcp'] / 2**20:.1f}", f"{r['file']['write']:.3f}",
+                    f"{r['dcp']['write']:.3f}", f"{r['file']['load']:.3f}",
+                    f"{r['dcp']['load']:.3f}"])
+    return _rows(["params (K=1)", "file MB", "DCP MB", "write: file (s)", "write: DCP (s)",
+                  "load: file (s)", "load: DCP (s)"], out)
+
+
 TABLES: dict[str, Callable[[], str]] = {
     "overhead": table_overhead,
     "overhead-unfused": table_overhead_unfused,
@@ -361,6 +375,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "gpu-runs": table_gpu_runs,
     "demo": table_demo,
     "epoch-cost": table_epoch_cost,
+    "checkpoint-io": table_checkpoint_io,
 }
 
 

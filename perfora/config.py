@@ -14,6 +14,7 @@ from .errors import ConfigError
 SWITCH_MODES = ("patience", "fixed", "every_epoch", "never")
 ACTIVATIONS = ("sigmoid", "tanh", "relu")
 DENDRITE_INITS = ("default", "normal", "error")
+CHECKPOINT_FORMATS = ("auto", "file", "dcp")
 MAX_INIT_SCALE = 1e4
 
 
@@ -108,6 +109,17 @@ class PerforaConfig:
     """Most of the run time that plain-epoch checkpoint writes may take: with tiny, fast
     epochs ``latest`` is then written every few epochs instead of every one. Restructures and
     the end are always written at once. None writes every ``latest_every`` epochs."""
+    checkpoint_format: str = "auto"
+    """How checkpoints (best/latest/switch_N, and ``save()`` to a name without a suffix) are
+    written in a distributed run. 'file': one ``<name>.safetensors`` written by rank 0; a
+    sharded model's full state is gathered on every rank first. 'dcp': a ``<name>.dcp``
+    folder through ``torch.distributed.checkpoint``: every rank writes its own shards of the
+    model and optimizer state (nothing is gathered), and rank 0 writes the structure and
+    controller state beside them in ``perfora.json``; it resumes on any number of ranks.
+    'auto': 'dcp' for a sharded model (FSDP1/FSDP2) on more than one rank, 'file' otherwise
+    (DDP included). A single process (or a one-rank group) always writes the file: 'dcp'
+    then falls back to it with a warning. Loading reads either format whatever this says.
+    With 'dcp' every rank writes: give every rank the same ``run_dir``."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Free-form settings for learning rules and integrations (JSON-serializable)."""
 
@@ -205,6 +217,7 @@ class PerforaConfig:
                 raise ConfigError(f"checkpoint_time_budget must be a fraction in (0, 1] or "
                                   f"None, got {budget!r}")
             self.checkpoint_time_budget = float(budget)
+        _check_choice(self, "checkpoint_format", CHECKPOINT_FORMATS)
         if not isinstance(self.extra, dict):
             raise ConfigError(f"extra must be a dict, got {type(self.extra).__name__}")
 

@@ -23,11 +23,12 @@ ATTEMPT_ENV = "PERFORA_LAUNCH_ATTEMPT"
 INIT_FLAG = "--perforate_model_parallel"
 LOAD_FLAG = "--pai_load_folder"
 
-_SWITCH_RE = re.compile(r"^switch_(\d+)\.(pt|safetensors)$")
+_SWITCH_RE = re.compile(r"^switch_(\d+)\.(pt|safetensors|dcp)$")
 
 
 def newest_switch(folder: str | os.PathLike) -> int | None:
-    """The highest N of the ``switch_N.pt`` / ``switch_N.safetensors`` files in ``folder``."""
+    """The highest N of the ``switch_N.pt`` / ``switch_N.safetensors`` files and
+    ``switch_N.dcp`` folders (DCP checkpoints) in ``folder``."""
     path = Path(folder)
     if not path.is_dir():
         return None

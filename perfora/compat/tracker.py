@@ -49,8 +49,9 @@ class CompatController(GrowthController):
     """A GrowthController whose checkpoints carry PerforatedAI's file names."""
 
     def checkpoint_path(self, name: str) -> Path:
-        """``best`` -> best_model.pt; ``latest``/``switch_N`` -> <name>.pt in the run folder."""
-        if self.run_dir is None:
+        """``best`` -> best_model.pt; ``latest``/``switch_N`` -> <name>.pt in the run folder
+        (DCP folders keep perfora's names)."""
+        if self.run_dir is None or self._writer.uses_dcp(self):
             return super().checkpoint_path(name)
         return self.run_dir / f"{'best_model' if name == 'best' else name}.pt"
 

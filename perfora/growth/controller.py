@@ -242,10 +242,14 @@ class GrowthController(OptimizerMethods, CheckpointMethods):
         self._writer.finish(self)
 
     def checkpoint_path(self, name: str) -> Path:
-        """The file of checkpoint ``name`` (``latest``, ``best``, ``switch_N``) in run_dir."""
+        """Where checkpoint ``name`` (``latest``, ``best``, ``switch_N``) is written in run_dir:
+        ``<name>.safetensors``, or the ``<name>.dcp`` folder when ``checkpoint_format`` makes
+        this run write DCP checkpoints."""
         if self.run_dir is None:
             raise OrderError("no run_dir: give GrowthController(..., run_dir=...) or pass a "
                              "full path")
+        if self._writer.uses_dcp(self):
+            return self._writer.dcp_path(name)
         return self._writer.checkpoint_path(name)
 
     def match_structure(self, specs: Mapping[str, Mapping[str, Any]]) -> nn.Module:

@@ -25,6 +25,7 @@ from ..checkpoint import (
     rehearse_load,
     save_checkpoint,
 )
+from ..checkpoint_dcp import is_dcp_path
 from ..checkpoint_schema import validate_rule_state, validate_structure
 from ..config import PerforaConfig
 from ..errors import CheckpointError, ConfigError
@@ -32,6 +33,15 @@ from ..layers import unwrap_model
 from ..optim import OptimizerRecipe, SchedulerRecipe, join_optimizer_state
 from ..parallel.collectives import barrier, is_rank_zero
 from ..perforation import layer_specs
+from .dcp_checkpoint import (
+    DCP,
+    format_of,
+    from_dcp_checkpoint,
+    newest_checkpoint,
+    read_checkpoint,
+    restore_dcp,
+    save_dcp_checkpoint,
+)
 from .rehearsal import checked_state, rehearse_checkpoint, rehearse_rule
 from .state import RESTRUCTURE, BestSnapshot, ControllerState, Decision
 from .surgery import arm_probe, fit_structure
@@ -88,10 +98,15 @@ class CheckpointMethods:
 
 
     def save(self, path: str | Path) -> None:
-        """Write a checkpoint atomically (safetensors + JSON; never pickle).
+        """Write a checkpoint atomically (safetensors + JSON, or a DCP folder; never pickle).
 
-        Under FSDP2 call it on every rank: the full model and optimizer state is gathered,
-        rank 0 writes."""
+        A ``.dcp`` name writes a DCP folder (every rank its own shards; a collective), a
+        ``.safetensors`` name one file, any other name what ``checkpoint_format`` says.
+        Distributed, call it on every rank: for a file under FSDP the full model and
+        optimizer state is gathered, rank 0 writes."""
+        if format_of(path, self.config.checkpoint_format, self.backend) == DCP:
+            save_dcp_checkpoint(self, path)
+            return
         ckpt = self.to_checkpoint()
         if not self.backend.sharded or is_rank_zero():
             save_checkpoint(path, ckpt)
@@ -99,18 +114,31 @@ class CheckpointMethods:
     def load(self, path_or_name: str | Path) -> Decision:
         """Resume from a checkpoint: structure, weights, controller, rule, optimizer state.
 
-        A bare name (``"latest"``, ``"best"``, ``"switch_3"``) is looked up in ``run_dir``.
+        A bare name (``"latest"``, ``"best"``, ``"switch_3"``) is looked up in ``run_dir``
+        (a ``.safetensors`` file or a ``.dcp`` folder; the newer when both are there). A
+        DCP folder is read on any number of ranks (call it on every rank), or in one process.
         Register the optimizer (and scheduler) before loading so their state is restored.
         The file is checked and the load rehearsed on a weightless copy of the model first:
         a file that is corrupt or does not fit raises CheckpointError (ShapeMismatchError)
-        and leaves the model, controller and optimizer as they were.
+        and leaves the model, controller and optimizer as they were (a DCP folder: its
+        files, structure and shapes are checked first; the optimizer state as it loads).
         """
         path = Path(path_or_name)
         if not path.suffix and self.run_dir is not None and not path.exists():
-            path = self.checkpoint_path(str(path_or_name))
+            path = self.find_checkpoint(str(path_or_name))
         barrier()  # rank 0 may still be writing the file the other ranks read
-        restore_file(self, load_checkpoint(path), path)
+        if is_dcp_path(path):
+            restore_dcp(self, *read_checkpoint(path))
+        else:
+            restore_file(self, load_checkpoint(path), path)
         return self._decision(RESTRUCTURE, f"loaded {path.name}")
+
+    def find_checkpoint(self, name: str) -> Path:
+        """Checkpoint ``name`` in run_dir: the newest of its file and DCP folder, or the path
+        the format in force writes when neither is there."""
+        writer = self._writer
+        return newest_checkpoint([self.checkpoint_path(name), writer.checkpoint_path(name),
+                                  writer.dcp_path(name)])
 
     def load_state(self, meta: Mapping[str, Any],
                    best: Mapping[str, torch.Tensor] | None = None) -> None:
@@ -227,6 +255,10 @@ def from_checkpoint(cls: type[GrowthController], path: str | Path, model: nn.Mod
                     run_dir: str | Path | None = None, **settings: Any) -> GrowthController:
     """A controller of class ``cls`` continuing the run saved in ``path`` (read once)."""
     path = Path(path)
+    if is_dcp_path(path):
+        return from_dcp_checkpoint(cls, path, model, config, settings, optimizer=optimizer,
+                                   optimizer_args=optimizer_args, scheduler=scheduler,
+                                   scheduler_args=scheduler_args, run_dir=run_dir)
     ckpt = load_checkpoint(path)
     meta = ckpt.meta
     if "controller" not in meta or "config" not in meta:

@@ -1,9 +1,11 @@
 """The run folder: when a write is due, and the files written then.
 
 metrics.csv, best_arch_scores.csv, history.png and run.json (through RunReport), and the
-checkpoints best/latest/switch_N. Plain epochs are written only when the time since the
-last write pays for it (``checkpoint_time_budget``); sharded models are gathered for a
-write on every rank (a collective), so there the decision never depends on time.
+checkpoints best/latest/switch_N: ``.safetensors`` files written by rank 0, or ``.dcp``
+folders every rank writes its shards into (``checkpoint_format``). Plain epochs are written
+only when the time since the last write pays for it (``checkpoint_time_budget``); sharded
+models are gathered for a file, and DCP folders are written by every rank (collectives), so
+there the decision never depends on time.
 """
 
 from __future__ import annotations
@@ -17,9 +19,11 @@ import torch
 
 from .._version import __version__
 from ..checkpoint import atomic_write_bytes, encode_checkpoint, to_storable
+from ..checkpoint_dcp import DCP_SUFFIX, copy_dcp
 from ..config import PerforaConfig
 from ..parallel.collectives import is_rank_zero
 from ..report import RunReport
+from .dcp_checkpoint import DCP, resolve_format, save_dcp_checkpoint, warn_single_process
 from .state import CONTINUE, RESTRUCTURE
 
 if TYPE_CHECKING:
@@ -49,6 +53,7 @@ class RunWriter:
         self.gathered: Gathered | None = None  # set only while a sharded write is under way
         self._last_write = time.perf_counter()
         self._write_cost = 0.0
+        self._warned_format = False
         self.report = RunReport(self.run_dir) if self.writes else None
         if self.report is not None:
             self.report.write_run_json({"perfora_version": __version__,
@@ -86,6 +91,19 @@ class RunWriter:
         assert self.run_dir is not None
         return self.run_dir / f"{name}{CHECKPOINT_SUFFIX}"
 
+    def dcp_path(self, name: str) -> Path:
+        """``run_dir/<name>.dcp`` (a DCP checkpoint folder)."""
+        assert self.run_dir is not None
+        return self.run_dir / f"{name}{DCP_SUFFIX}"
+
+    def uses_dcp(self, ctl: GrowthController) -> bool:
+        """True when checkpoints are DCP folders now (``checkpoint_format``, the backend and
+        the world size decide; the same on every rank)."""
+        setting = self.config.checkpoint_format
+        if not self._warned_format and self.saves_checkpoints:
+            self._warned_format = warn_single_process(setting)
+        return resolve_format(setting, ctl.backend) == DCP
+
     def gather(self, ctl: GrowthController, due: bool) -> None:
         """Sharded and due: gather the full model and optimizer state on every rank."""
         if due and ctl.backend.sharded and self.saves_checkpoints:
@@ -119,38 +137,48 @@ class RunWriter:
 
     def end_epoch(self, ctl: GrowthController, action: str, improved_best: bool) -> None:
         """After one report: metrics, checkpoints when due, summaries after a decision."""
-        due = self.due(action, ctl.state.epoch, ctl.backend.sharded)
-        self.gather(ctl, due)
+        dcp = self.uses_dcp(ctl)
+        due = self.due(action, ctl.state.epoch, ctl.backend.sharded or dcp)
+        if not dcp:
+            self.gather(ctl, due)
         try:
             if self.writes:
                 assert self.report is not None
                 self.report.write_metrics(ctl.state.history)
-                if self.config.save_checkpoints:
-                    self.best_unsaved |= improved_best
-                    if due:
-                        self.write_checkpoints(ctl, action)
-                if action != CONTINUE:
-                    self.write_summaries(ctl)
+            if self.saves_checkpoints and (dcp or self.writes):
+                self.best_unsaved |= improved_best
+                if due:
+                    self.write_checkpoints(ctl, action, dcp)
+            if self.writes and action != CONTINUE:
+                self.write_summaries(ctl)
         finally:
             self.gathered = None
 
     def write_switch(self, ctl: GrowthController) -> None:
-        """After a growth on request: switch_N (gathered first when sharded)."""
+        """After a growth on request: switch_N (gathered first when sharded; a DCP folder
+        written by every rank)."""
+        name = f"switch_{len(ctl.state.switch_epochs)}"
+        if self.uses_dcp(ctl):
+            if self.saves_checkpoints:
+                save_dcp_checkpoint(ctl, self.dcp_path(name))
+            return
         self.gather(ctl, True)
         try:
             if self.writes:
-                ctl.save(ctl.checkpoint_path(f"switch_{len(ctl.state.switch_epochs)}"))
+                ctl.save(ctl.checkpoint_path(name))
         finally:
             self.gathered = None
 
     def finish(self, ctl: GrowthController) -> None:
         """latest and the summaries now (also written at restructures and the end)."""
         has_history = bool(ctl.state.history)
-        self.gather(ctl, has_history)
+        dcp = self.uses_dcp(ctl)
+        if not dcp:
+            self.gather(ctl, has_history)
         try:
+            if self.saves_checkpoints and has_history and (dcp or self.writes):
+                self.write_checkpoints(ctl, CONTINUE, dcp)
             if self.writes:
-                if self.config.save_checkpoints and has_history:
-                    self.write_checkpoints(ctl, CONTINUE)
                 self.write_summaries(ctl)
         finally:
             self.gathered = None
@@ -163,8 +191,11 @@ class RunWriter:
         self.report.write_arch_table([st.arch[k] for k in sorted(st.arch, key=int)])
         self.report.draw_history(st.history, st.switch_epochs, self.config.maximize)
 
-    def write_checkpoints(self, ctl: GrowthController, action: str) -> None:
+    def write_checkpoints(self, ctl: GrowthController, action: str, dcp: bool = False) -> None:
         """latest (+ switch_N at a restructure, + best if it changed), each encoded once."""
+        if dcp:
+            self.write_dcp_checkpoints(ctl, action)
+            return
         start = time.perf_counter()
         data = encode_checkpoint(ctl.to_checkpoint())
         if action == RESTRUCTURE:
@@ -179,3 +210,17 @@ class RunWriter:
         self._last_write = time.perf_counter()
         self._write_cost = self._last_write - start
 
+
+    def write_dcp_checkpoints(self, ctl: GrowthController, action: str) -> None:
+        """latest (+ switch_N at a restructure: hard links to latest's files, + best if it
+        changed) as DCP folders; every rank writes its shards (a collective)."""
+        start = time.perf_counter()
+        latest = self.dcp_path("latest")
+        save_dcp_checkpoint(ctl, latest)
+        if action == RESTRUCTURE:
+            copy_dcp(latest, self.dcp_path(f"switch_{len(ctl.state.switch_epochs)}"))
+        if self.best_unsaved and ctl._best is not None:
+            save_dcp_checkpoint(ctl, self.dcp_path("best"), model_from_best=True)
+            self.best_unsaved = False
+        self._last_write = time.perf_counter()
+        self._write_cost = self._last_write - start

@@ -18,6 +18,7 @@ from torch.distributed.tensor import DTensor
 
 import perfora
 from perfora.checkpoint import load_checkpoint
+from perfora.checkpoint_dcp import read_dcp
 from perfora.distributed import full_state_dict, shard_fsdp2
 from perfora.parallel.sharded_state import gather_optimizer_state, shard_optimizer_state
 
@@ -140,7 +141,7 @@ def resume_under_fsdp2(rank: int, tmp: Path) -> dict:
 def test_fsdp2_checkpoint_after_restructure_resumes_in_new_process_group(tmp_path):
     first = run_ranks(save_under_fsdp2, tmp_path)
     assert (tmp_path / "after_restructure.safetensors").exists()
-    assert (tmp_path / "run" / "switch_1.safetensors").exists()
+    assert (tmp_path / "run" / "switch_1.dcp").is_dir()  # 'auto': DCP folders under FSDP2
     resumed = run_ranks(resume_under_fsdp2, tmp_path)
     for a, b in zip(first, resumed):
         assert b["sharded"]
@@ -181,8 +182,9 @@ def test_fsdp2_completion_rewinds_to_the_best_model(tmp_path):
         assert r["dendrites"] == 0 and r["sharded"]
         assert r["diff"] == 0.0
     # the rewind re-sharded the model: the old optimizer's moments are not written
-    latest = load_checkpoint(tmp_path / "run" / "latest.safetensors")
-    assert latest.meta["controller"]["completed"] and "optimizer" not in latest.meta
+    meta, shapes, _ = read_dcp(tmp_path / "run" / "latest.dcp")
+    assert meta["controller"]["completed"] and "optimizer" not in meta
+    assert "optim" not in shapes and meta["structure"] == meta["best_structure"]
 
 
 def make_odd_model(seed: int) -> nn.Module:
@@ -192,9 +194,11 @@ def make_odd_model(seed: int) -> nn.Module:
 
 
 def _adam_controller(model: nn.Module, **files) -> perfora.GrowthController:
-    """The controller both runs use: no plateau switch in this test, Adam registered."""
+    """The controller both runs use: no plateau switch in this test, Adam registered; the
+    run files are single .safetensors files (gathered), which this test reads."""
     ctl = perfora.GrowthController(model, switch_mode="fixed", fixed_switch_num=50,
-                                   max_dendrites=3, retain_all_dendrites=True, **files)
+                                   max_dendrites=3, retain_all_dendrites=True,
+                                   checkpoint_format="file", **files)
     ctl.set_optimizer(torch.optim.Adam, lr=0.01)
     return ctl
 
