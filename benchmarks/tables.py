@@ -357,6 +357,19 @@ def table_checkpoint_io() -> str:
                   "load: file (s)", "load: DCP (s)"], out)
 
 
+# ------------------------------------------------------------------- restructure memory
+def table_restructure_memory() -> str:
+    """``restructure_memory.py``: peak MiB per rank, shard-local against gather-based."""
+    result = _load("restructure_memory.json")
+    mib, out = 2 ** 20, []
+    for r in result["rows"]:
+        p, ratio = r["peaks"], r["ratios"]
+        out.append([r["mode"], str(r["rank"]), f"{r['steady'] / mib:.0f}",
+                    *(f"{p[op] / mib:.0f} ({ratio[op]:.2f}x)"
+                      for op in ("snapshot", "grow", "rewind"))])
+    return _rows(["path", "rank", "steady MiB", "snapshot", "grow", "rewind"], out)
+
+
 TABLES: dict[str, Callable[[], str]] = {
     "overhead": table_overhead,
     "overhead-unfused": table_overhead_unfused,
@@ -376,6 +389,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "demo": table_demo,
     "epoch-cost": table_epoch_cost,
     "checkpoint-io": table_checkpoint_io,
+    "restructure-memory": table_restructure_memory,
 }
 
 

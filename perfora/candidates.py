@@ -138,9 +138,10 @@ def _plan(layer: DendriticLayer, x: torch.Tensor, e: torch.Tensor, *,
             opt.zero_grad(set_to_none=True)
             loss = -_covariances(x, e_hat, w, b, layer.activation).abs().sum()
             loss.backward()
-            if reduce is all_reduce_values:
-                for p in params:
-                    p.grad = all_reduce_values(p.grad) / world_size()
+            if reduce is all_reduce_values:  # one collective for w and b together
+                flat = all_reduce_values(torch.cat([p.grad.reshape(-1) for p in params]))
+                for p, g in zip(params, flat.split([p.numel() for p in params])):
+                    p.grad = g.view_as(p) / world_size()
             opt.step()
         with torch.no_grad():
             corr = abs_correlation(  # (n, pool), float32 as measured in the benchmark

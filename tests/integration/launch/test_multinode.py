@@ -8,74 +8,29 @@ The namespaces and the veth pair are always removed.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from paths import SCRIPTS  # noqa: E402
+from paths import ROOT, SCRIPTS
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from netns import NamespacesUnavailable, Nodes, two_nodes  # noqa: E402
 
 GROW = SCRIPTS / "multinode" / "ddp_grow.py"
 NATIVE = SCRIPTS / "launch" / "native_train.py"
 
 
-@dataclass
-class Nodes:
-    """Two namespaces: node i is ``names[i]``, its interface ``links[i]``, address ``addrs[i]``."""
-
-    names: tuple[str, str]
-    links: tuple[str, str]
-    addrs: tuple[str, str]
-
-    def run(self, node: int, cmd: list[str], cwd: Path, extra_env: dict | None = None
-            ) -> subprocess.Popen:
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": self.links[node],
-               "PYTHONUNBUFFERED": "1", **(extra_env or {})}
-        return subprocess.Popen(["ip", "netns", "exec", self.names[node], *cmd], cwd=cwd,
-                                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True)
-
-
-def _ip(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
-
-
 @pytest.fixture
 def nodes() -> Iterator[Nodes]:
-    if shutil.which("ip") is None:
-        pytest.skip("iproute2 (`ip`) is not installed: cannot create network namespaces")
-    if os.geteuid() != 0:
-        pytest.skip("creating network namespaces needs root (CI runs as root)")
-    tag = f"{os.getpid() % 100000}"
-    subnet = 10 + os.getpid() % 200
-    names = (f"pfnode0-{tag}", f"pfnode1-{tag}")
-    links = (f"pfa{tag}", f"pfb{tag}")
-    addrs = (f"10.213.{subnet}.1", f"10.213.{subnet}.2")
-    steps = [("netns", "add", names[0]), ("netns", "add", names[1]),
-             ("link", "add", links[0], "type", "veth", "peer", "name", links[1]),
-             ("link", "set", links[0], "netns", names[0]),
-             ("link", "set", links[1], "netns", names[1])]
-    for i in range(2):
-        steps += [("-n", names[i], "addr", "add", f"{addrs[i]}/24", "dev", links[i]),
-                  ("-n", names[i], "link", "set", links[i], "up"),
-                  ("-n", names[i], "link", "set", "lo", "up")]
     try:
-        for step in steps:
-            done = _ip(*step)
-            if done.returncode != 0:
-                pytest.skip(f"cannot create the two-node network (ip {' '.join(step)}: "
-                            f"{done.stderr.strip()})")
-        yield Nodes(names, links, addrs)
-    finally:
-        for name in names:  # deleting a namespace deletes its end of the veth pair
-            _ip("netns", "delete", name)
-        _ip("link", "delete", links[0])
-        assert not any(n in _ip("netns", "list").stdout for n in names)
+        with two_nodes() as made:
+            yield made
+    except NamespacesUnavailable as exc:
+        pytest.skip(str(exc))
 
 
 def _finish(procs: list[subprocess.Popen], timeout: float) -> list[str]:

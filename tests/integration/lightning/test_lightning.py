@@ -103,8 +103,7 @@ def test_negative_control_without_a_new_ddp_wrapper_the_ranks_diverge(tmp_path):
 @pytest.mark.timeout(400)
 def test_resume_after_a_restructure_ends_identical_to_an_uninterrupted_run(runs, tmp_path):
     full = record(runs("ddp_full", "--strategy", "ddp", "--max-epochs", "12", "--save-last"))
-    first = tmp_path / "first"
-    run_fit(first, "--strategy", "ddp", "--max-epochs", "3", "--save-last")
+    first = runs("ddp_first", "--strategy", "ddp", "--max-epochs", "3", "--save-last")
     assert record(first)["events"] == ["", "", "restructure"]  # stopped right after growth
     ckpt = first / "ckpt" / "last.ckpt"
     resumed_dir = tmp_path / "resumed"
@@ -131,8 +130,8 @@ def test_fsdp2_through_model_parallel_strategy_matches_ddp(runs):
 @pytest.mark.timeout(400)
 def test_fsdp2_resume_from_a_distributed_checkpoint_ends_identical(runs, tmp_path):
     full = record(runs("fsdp2", "--strategy", "model_parallel", "--max-epochs", "12"))
-    first = tmp_path / "first"
-    run_fit(first, "--strategy", "model_parallel", "--max-epochs", "3", "--save-last", "--dcp")
+    first = runs("fsdp2_first", "--strategy", "model_parallel", "--max-epochs", "3",
+                 "--save-last", "--dcp")
     ckpt = first / "ckpt" / "last.ckpt"
     assert (ckpt / "meta.pt").exists()  # a folder of shards, written after the growth step
     resumed_dir = tmp_path / "resumed"
@@ -141,6 +140,30 @@ def test_fsdp2_resume_from_a_distributed_checkpoint_ends_identical(runs, tmp_pat
     resumed = record(resumed_dir)
     assert resumed["sharded"] and resumed["events"] == full["events"]
     assert max_diff(resumed["params"], full["params"]) == 0.0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("strategy", ["ddp", "model_parallel"])
+def test_a_grown_two_device_checkpoint_resumes_on_one_device(runs, strategy, tmp_path):
+    # DDP's one-file checkpoint and ModelParallel's distributed (DCP) one, each saved on 2
+    # devices right after the first growth step
+    if strategy == "ddp":
+        first = runs("ddp_first", "--strategy", "ddp", "--max-epochs", "3", "--save-last")
+    else:
+        first = runs("fsdp2_first", "--strategy", "model_parallel", "--max-epochs", "3",
+                     "--save-last", "--dcp")
+    saved = record(first)
+    run_fit(tmp_path, "--strategy", strategy, "--devices", "1", "--max-epochs", "12",
+            "--ckpt-path", str(first / "ckpt" / "last.ckpt"))
+    resumed = record(tmp_path)
+    # the grown model came back whole: structure and every value as saved
+    assert max_diff(resumed["start_params"], saved["params"]) == 0.0
+    # and growth went on from there: the second step, then completion at the third cycle
+    assert resumed["events"] == ["", "", "restructure", "", "", "restructure", "", "",
+                                 "complete"]
+    assert resumed["num_dendrites"] == 2 and resumed["completed"]
+    assert resumed["sharded"] == (strategy == "model_parallel")
 
 
 @pytest.mark.slow

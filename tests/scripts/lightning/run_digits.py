@@ -80,6 +80,16 @@ class GrowthWithoutRewrap(DendriteGrowth):
         trainer.strategy.setup_optimizers(trainer)
 
 
+class RecordStart(pl.Callback):
+    """The parameters as training starts (after a checkpoint was restored), for the record."""
+
+    def __init__(self) -> None:
+        self.params: dict[str, torch.Tensor] | None = None
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self.params = flat_params(pl_module)
+
+
 def flat_params(module: nn.Module) -> dict[str, torch.Tensor]:
     """Every parameter, full (FSDP2 DTensors gathered), by name."""
     out = {}
@@ -141,7 +151,8 @@ def main() -> None:
                             run_dir=str(out / "perfora"))
     if args.prepare:
         growth.prepare(model)
-    callbacks: list = [growth]
+    start = RecordStart()
+    callbacks: list = [growth, start]
     if args.save_last:
         from lightning.pytorch.callbacks import ModelCheckpoint
 
@@ -162,6 +173,7 @@ def main() -> None:
         if growth.controller is not None else []
     record = {
         "params": flat_params(model),
+        "start_params": start.params,
         "epochs_run": trainer.current_epoch,
         "should_stop": bool(trainer.should_stop),
         "completed": bool(growth.controller.completed) if growth.controller else None,
