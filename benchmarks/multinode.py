@@ -180,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     args.json.write_text(json.dumps({"benchmark": "multinode", "nodes": 2, "rows": rows,
                                      "torch": torch.__version__,
                                      "machine": platform.machine(),
-                                     "cpus": os.cpu_count()}, indent=1))
+                                     "cpus": os.cpu_count(),
+                                     "load_avg_after": os.getloadavg()}, indent=1))
     print(f"wrote {args.json}")
     return 0
 

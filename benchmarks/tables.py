@@ -370,6 +370,17 @@ def table_restructure_memory() -> str:
     return _rows(["path", "rank", "steady MiB", "snapshot", "grow", "rewind"], out)
 
 
+def table_multinode() -> str:
+    """``multinode.py``: one restructure in-process against a torchrun restart, 2 nodes."""
+    out = []
+    for r in _load("multinode.json")["rows"]:
+        out.append([str(r["ranks"]), f"{r['median_restructure_ms_error']:.0f}",
+                    f"{r['median_restructure_ms_default']:.1f}", f"{r['median_restart_ms']:.0f}",
+                    f"{r['restart_over_error']:.1f}x", f"{r['restart_over_default']:.0f}x"])
+    return _rows(["ranks", "in-process ms (error init)", "in-process ms (random init)",
+                  "restart ms", "restart / error init", "restart / random init"], out)
+
+
 TABLES: dict[str, Callable[[], str]] = {
     "overhead": table_overhead,
     "overhead-unfused": table_overhead_unfused,
@@ -390,6 +401,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "epoch-cost": table_epoch_cost,
     "checkpoint-io": table_checkpoint_io,
     "restructure-memory": table_restructure_memory,
+    "multinode": table_multinode,
 }
 
 

@@ -28,7 +28,7 @@ controller.set_optimizer(torch.optim.Adam, lr=3e-3)  # rebuilt after every restr
 controller.set_scheduler(torch.optim.lr_scheduler.StepLR, step_size=20, gamma=0.5)
 optimizer, scheduler = controller.build_optimizer()
 
-for epoch in range(500):
+for _epoch in range(500):
     model.train()
     for idx in torch.randperm(len(x_train)).split(64):
         optimizer.zero_grad()
