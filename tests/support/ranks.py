@@ -1,14 +1,18 @@
-"""Run a function on N real CPU ranks (gloo, FileStore, spawned processes); collect their JSON.
+"""Run a function on N real CPU ranks (gloo, FileStore, fresh processes); collect their JSON.
 
-Like ``run_ranks`` of tests/integration/parallel/test_ddp.py, with the world size a
-parameter (a run saved on 2 ranks is resumed on 1 and 3). Each job gets its own folder for
-the store and the results, and a join deadline, so a hang fails the test.
+Each job gets its own folder for the store and the results, and a join deadline, so a hang
+fails the test. The ranks are forked from a forkserver that has imported torch, perfora and
+the calling test module once per pytest worker (spawning imported them again for every job,
+which cost more than most jobs' work), and a rank that finished leaves with ``os._exit``
+after the final barrier instead of tearing the interpreter down.
 """
 
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
+import sys
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -18,28 +22,39 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+PRELOAD = ["torch", "torch.distributed", "torch.distributed.fsdp",
+           "torch.distributed.checkpoint", "torch.distributed.tensor", "perfora"]
 
-def _entry(rank: int, fn: Callable, job: str, world: int, args: tuple) -> None:
+
+def _entry(rank: int, fn: Callable, job: str, world: int, args: tuple, pass_folder: bool) -> None:
     torch.set_num_threads(1)
     store = dist.FileStore(os.path.join(job, "store"), world)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
                             timeout=timedelta(seconds=60))
     try:
-        result = fn(rank, world, *args)
+        result = fn(rank, Path(job) if pass_folder else world, *args)
         Path(job, f"result_{rank}.json").write_text(json.dumps(result))
         dist.barrier()
-        Path(job, f"done_{rank}").touch()
+        Path(job, f"done_{rank}").touch()  # every rank finished its work and its results
     finally:
         dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # results are written: skip the slow interpreter teardown
 
 
-def run_world(fn: Callable, job: Path, world: int, *args, join_s: float = 120) -> list:
-    """``fn(rank, world, *args)`` on ``world`` gloo ranks; each rank's JSON-able result.
+def _start_method(fn: Callable) -> str:
+    """forkserver, preloaded with the heavy imports and ``fn``'s module on first use."""
+    if multiprocessing.get_start_method(allow_none=True) != "fork":
+        # the preload list is read when this pytest worker's forkserver starts (its first job)
+        multiprocessing.set_forkserver_preload([*PRELOAD, fn.__module__])
+    return "forkserver"
 
-    ``job`` is a fresh folder for this job's store and results (not the data folder)."""
-    job.mkdir(parents=True, exist_ok=False)
-    ctx = mp.start_processes(_entry, args=(fn, str(job), world, args), nprocs=world,
-                             join=False, start_method="spawn")
+
+def _launch(fn: Callable, job: Path, world: int, args: tuple, pass_folder: bool,
+            join_s: float) -> list:
+    ctx = mp.start_processes(_entry, args=(fn, str(job), world, args, pass_folder),
+                             nprocs=world, join=False, start_method=_start_method(fn))
     deadline = time.monotonic() + join_s
     try:
         while not ctx.join(timeout=1):
@@ -55,3 +70,20 @@ def run_world(fn: Callable, job: Path, world: int, *args, join_s: float = 120) -
             if p.is_alive():
                 p.kill()
     return [json.loads(Path(job, f"result_{r}.json").read_text()) for r in range(world)]
+
+
+def run_world(fn: Callable, job: Path, world: int, *args, join_s: float = 120) -> list:
+    """``fn(rank, world, *args)`` on ``world`` gloo ranks; each rank's JSON-able result.
+
+    ``job`` is a fresh folder for this job's store and results (not the data folder)."""
+    job.mkdir(parents=True, exist_ok=False)
+    return _launch(fn, job, world, args, pass_folder=False, join_s=join_s)
+
+
+def run_in_folder(fn: Callable, folder: Path, world: int, *args, join_s: float = 90) -> list:
+    """``fn(rank, folder, *args)`` on ``world`` gloo ranks, with the store and the results in
+    ``folder`` (the data folder, reused by later jobs: its old results are removed first)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for old in [*folder.glob("result_*.json"), *folder.glob("done_*"), *folder.glob("store")]:
+        old.unlink()
+    return _launch(fn, folder, world, args, pass_folder=True, join_s=join_s)

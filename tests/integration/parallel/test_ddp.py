@@ -1,22 +1,18 @@
 """In-process restructure under DistributedDataParallel: 2 real CPU ranks (gloo, FileStore).
 
-Each test spawns two processes; a worker writes its results as JSON, the parent compares the
+Each test starts two processes; a worker writes its results as JSON, the parent compares the
 ranks. Every test has a timeout (pytest-timeout and a join deadline), so a hang fails.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import time
 from collections.abc import Callable
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from ranks import run_in_folder
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -29,43 +25,9 @@ JOIN_S = 90
 
 
 # ----------------------------------------------------------------------------- harness
-def _entry(rank: int, fn: Callable, tmp: str, args: tuple) -> None:
-    torch.set_num_threads(1)
-    store = dist.FileStore(os.path.join(tmp, "store"), WORLD)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=WORLD,
-                            timeout=timedelta(seconds=30))
-    try:
-        result = fn(rank, Path(tmp), *args)
-        Path(tmp, f"result_{rank}.json").write_text(json.dumps(result))
-        dist.barrier()
-        Path(tmp, f"done_{rank}").touch()  # every rank finished its work and its results
-    finally:
-        dist.destroy_process_group()
-
-
 def run_ranks(fn: Callable, tmp: Path, *args) -> list[dict]:
     """Run ``fn(rank, tmp, *args)`` on 2 gloo ranks; each rank's JSON-able result."""
-    tmp.mkdir(parents=True, exist_ok=True)
-    for old in [*tmp.glob("result_*.json"), *tmp.glob("done_*"), *tmp.glob("store")]:
-        old.unlink()
-    ctx = mp.start_processes(_entry, args=(fn, str(tmp), args), nprocs=WORLD, join=False,
-                             start_method="spawn")
-    deadline = time.monotonic() + JOIN_S
-    try:
-        while not ctx.join(timeout=1):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"ranks did not finish within {JOIN_S} s (hang?)")
-    except mp.ProcessExitedException:
-        # gloo occasionally aborts a process while it tears down, after every rank passed
-        # the final barrier ("terminate called without an active exception"); a crash
-        # before that point still fails the test
-        if not all(Path(tmp, f"done_{r}").exists() for r in range(WORLD)):
-            raise
-    finally:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.kill()
-    return [json.loads(Path(tmp, f"result_{r}.json").read_text()) for r in range(WORLD)]
+    return run_in_folder(fn, tmp, WORLD, *args, join_s=JOIN_S)
 
 
 # ----------------------------------------------------------------------------- workers

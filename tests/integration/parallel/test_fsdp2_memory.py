@@ -16,6 +16,9 @@ from paths import ROOT
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from restructure_memory import OPERATIONS, TARGET, measure, ratios  # noqa: E402
 
+# both runs are shared by the tests here: keep them on one pytest-xdist worker
+pytestmark = pytest.mark.xdist_group("fsdp2_memory")
+
 WIDTH, LAYERS = 1024, 8
 
 
