@@ -77,7 +77,7 @@ def runs(tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_ddp_grows_keeps_ranks_identical_and_completion_stops_the_fit(runs):
-    out = runs("ddp_full", "--strategy", "ddp", "--max-epochs", "12", "--save-last")
+    out = runs("ddp_full", "--strategy", "ddp", "--max-epochs", "12", "--save-every-epoch")
     r0, r1 = record(out, "rank0"), record(out, "rank1")
     assert r0["events"].count("restructure") == 2 and r0["num_dendrites"] == 2
     assert max_diff(r0["params"], r1["params"]) == 0.0
@@ -102,10 +102,10 @@ def test_negative_control_without_a_new_ddp_wrapper_the_ranks_diverge(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_resume_after_a_restructure_ends_identical_to_an_uninterrupted_run(runs, tmp_path):
-    full = record(runs("ddp_full", "--strategy", "ddp", "--max-epochs", "12", "--save-last"))
-    first = runs("ddp_first", "--strategy", "ddp", "--max-epochs", "3", "--save-last")
-    assert record(first)["events"] == ["", "", "restructure"]  # stopped right after growth
-    ckpt = first / "ckpt" / "last.ckpt"
+    full = record(runs("ddp_full", "--strategy", "ddp", "--max-epochs", "12", "--save-every-epoch"))
+    assert full["events"][:3] == ["", "", "restructure"]
+    # saved at the end of epoch 2, right after the first growth step
+    ckpt = runs("ddp_full") / "ckpt" / "epoch2.ckpt"
     resumed_dir = tmp_path / "resumed"
     run_fit(resumed_dir, "--strategy", "ddp", "--max-epochs", "12", "--ckpt-path", str(ckpt))
     resumed = record(resumed_dir)
@@ -118,8 +118,9 @@ def test_resume_after_a_restructure_ends_identical_to_an_uninterrupted_run(runs,
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_fsdp2_through_model_parallel_strategy_matches_ddp(runs):
-    ddp = record(runs("ddp_full", "--strategy", "ddp", "--max-epochs", "12", "--save-last"))
-    out = runs("fsdp2", "--strategy", "model_parallel", "--max-epochs", "12")
+    ddp = record(runs("ddp_full", "--strategy", "ddp", "--max-epochs", "12", "--save-every-epoch"))
+    out = runs("fsdp2", "--strategy", "model_parallel", "--max-epochs", "12",
+               "--save-every-epoch", "--dcp")
     fsdp = record(out)
     assert fsdp["sharded"], "the grown model must still be sharded"
     assert fsdp["events"] == ddp["events"] and fsdp["num_dendrites"] == 2
@@ -129,11 +130,11 @@ def test_fsdp2_through_model_parallel_strategy_matches_ddp(runs):
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_fsdp2_resume_from_a_distributed_checkpoint_ends_identical(runs, tmp_path):
-    full = record(runs("fsdp2", "--strategy", "model_parallel", "--max-epochs", "12"))
-    first = runs("fsdp2_first", "--strategy", "model_parallel", "--max-epochs", "3",
-                 "--save-last", "--dcp")
-    ckpt = first / "ckpt" / "last.ckpt"
-    assert (ckpt / "meta.pt").exists()  # a folder of shards, written after the growth step
+    full = record(runs("fsdp2", "--strategy", "model_parallel", "--max-epochs", "12",
+                       "--save-every-epoch", "--dcp"))
+    assert full["events"][:3] == ["", "", "restructure"]
+    ckpt = runs("fsdp2") / "ckpt" / "epoch2.ckpt"  # saved right after the first growth step
+    assert (ckpt / "meta.pt").exists()  # a folder of shards
     resumed_dir = tmp_path / "resumed"
     run_fit(resumed_dir, "--strategy", "model_parallel", "--max-epochs", "12",
             "--ckpt-path", str(ckpt))
@@ -147,18 +148,18 @@ def test_fsdp2_resume_from_a_distributed_checkpoint_ends_identical(runs, tmp_pat
 @pytest.mark.parametrize("strategy", ["ddp", "model_parallel"])
 def test_a_grown_two_device_checkpoint_resumes_on_one_device(runs, strategy, tmp_path):
     # DDP's one-file checkpoint and ModelParallel's distributed (DCP) one, each saved on 2
-    # devices right after the first growth step
+    # devices right after the first growth step (the end of epoch 2)
     if strategy == "ddp":
-        first = runs("ddp_first", "--strategy", "ddp", "--max-epochs", "3", "--save-last")
+        first = runs("ddp_full", "--strategy", "ddp", "--max-epochs", "12", "--save-every-epoch")
     else:
-        first = runs("fsdp2_first", "--strategy", "model_parallel", "--max-epochs", "3",
-                     "--save-last", "--dcp")
-    saved = record(first)
+        first = runs("fsdp2", "--strategy", "model_parallel", "--max-epochs", "12",
+                     "--save-every-epoch", "--dcp")
+    saved = record(first)["epoch_params"][2]
     run_fit(tmp_path, "--strategy", strategy, "--devices", "1", "--max-epochs", "12",
-            "--ckpt-path", str(first / "ckpt" / "last.ckpt"))
+            "--ckpt-path", str(first / "ckpt" / "epoch2.ckpt"))
     resumed = record(tmp_path)
     # the grown model came back whole: structure and every value as saved
-    assert max_diff(resumed["start_params"], saved["params"]) == 0.0
+    assert max_diff(resumed["start_params"], saved) == 0.0
     # and growth went on from there: the second step, then completion at the third cycle
     assert resumed["events"] == ["", "", "restructure", "", "", "restructure", "", "",
                                  "complete"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -90,6 +91,18 @@ class RecordStart(pl.Callback):
         self.params = flat_params(pl_module)
 
 
+class RecordEpochs(pl.Callback):
+    """The parameters after each validation (after any growth step), as the checkpoint saved
+    at that epoch's end holds them."""
+
+    def __init__(self) -> None:
+        self.params: dict[int, dict[str, torch.Tensor]] = {}
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if not trainer.sanity_checking:
+            self.params[trainer.current_epoch] = flat_params(pl_module)
+
+
 def flat_params(module: nn.Module) -> dict[str, torch.Tensor]:
     """Every parameter, full (FSDP2 DTensors gathered), by name."""
     out = {}
@@ -114,6 +127,9 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=100)
     ap.add_argument("--ckpt-path", default=None)
     ap.add_argument("--save-last", action="store_true")
+    ap.add_argument("--save-every-epoch", action="store_true",
+                    help="a checkpoint ckpt/epoch<N>.ckpt at every epoch's end, and the "
+                         "parameters it holds in the record")
     ap.add_argument("--prepare", action="store_true", help="perforate before fit")
     ap.add_argument("--rule", default="gd")
     ap.add_argument("--accelerator", default="cpu")
@@ -151,8 +167,14 @@ def main() -> None:
                             run_dir=str(out / "perfora"))
     if args.prepare:
         growth.prepare(model)
-    start = RecordStart()
+    start, epochs = RecordStart(), RecordEpochs()
     callbacks: list = [growth, start]
+    if args.save_every_epoch:
+        from lightning.pytorch.callbacks import ModelCheckpoint
+
+        callbacks += [epochs, ModelCheckpoint(dirpath=str(out / "ckpt"), filename="epoch{epoch}",
+                                              auto_insert_metric_name=False, save_top_k=-1,
+                                              every_n_epochs=1)]
     if args.save_last:
         from lightning.pytorch.callbacks import ModelCheckpoint
 
@@ -174,6 +196,7 @@ def main() -> None:
     record = {
         "params": flat_params(model),
         "start_params": start.params,
+        "epoch_params": epochs.params,
         "epochs_run": trainer.current_epoch,
         "should_stop": bool(trainer.should_stop),
         "completed": bool(growth.controller.completed) if growth.controller else None,
@@ -200,6 +223,9 @@ def main() -> None:
         dist.barrier()  # both ranks have written their records: leave together
         (out / f"exit_ok_{rank}").touch()
         dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # everything is written: skip the slow interpreter teardown
 
 
 if __name__ == "__main__":
