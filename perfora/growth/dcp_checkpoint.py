@@ -56,7 +56,7 @@ def resolve_format(setting: str, backend: ParallelBackend) -> str:
     sharded models only."""
     if not is_distributed():
         return FILE
-    if setting == DCP or (setting == "auto" and backend.sharded):
+    if setting == DCP or (setting == "auto" and getattr(backend, "auto_dcp", backend.sharded)):
         return DCP
     return FILE
 

@@ -1,0 +1,181 @@
+"""Growth under DeepSpeed ZeRO-3 (and ZeRO-2) through ``perfora.wrap_deepspeed``: 2 real
+CPU ranks (gloo, ``DS_ACCELERATOR=cpu``), every scenario in one launch (DeepSpeed's start-up
+costs seconds per process). The join has a deadline, so a hang fails the test.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+pytest.importorskip("deepspeed")
+
+import perfora  # noqa: E402
+from perfora.checkpoint import load_checkpoint  # noqa: E402
+
+from ranks import run_world  # noqa: E402
+
+WORLD = 2
+STEPS = 2
+LR = 0.1
+
+
+def make_model() -> nn.Module:
+    torch.manual_seed(0)
+    return perfora.perforate(nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3)))
+
+
+def data(epoch: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The global batch: rank r trains on rows r::WORLD (equal halves)."""
+    g = torch.Generator().manual_seed(100 * epoch + step)
+    return torch.randn(16, 6, generator=g), torch.randint(0, 3, (16,), generator=g)
+
+
+def probe() -> torch.Tensor:
+    return torch.randn(5, 6, generator=torch.Generator().manual_seed(99))
+
+
+def settings() -> dict:
+    return {"n_epochs_to_switch": 2, "max_dendrites": 2, "dendrite_init": "default",
+            "write_files": False}
+
+
+# the score sequence: best at epoch 2 (no dendrites yet), growth at the plateau, best again
+# after the first set, growth again, then completion rewinds to the best (one set)
+SCORES = [0.5, 0.6, 0.6, 0.6, 0.7, 0.8, 0.8, 0.8, 0.75, 0.75, 0.75, 0.75, 0.75, 0.75]
+
+
+def run_plain() -> dict:
+    """The unsharded run of the same seeds and data: the reference."""
+    model = make_model()
+    ctl = perfora.GrowthController(model, **settings())
+    ctl.set_optimizer(torch.optim.SGD, lr=LR)
+    opt, _ = ctl.build_optimizer()
+    events = []
+    for epoch, score in enumerate(SCORES):
+        for step in range(STEPS):
+            x, y = data(epoch, step)
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+        decision = ctl.step(score)
+        events.append(decision.action)
+        if decision.restructured or decision.complete:
+            opt = decision.optimizer
+        if decision.complete:
+            break
+    return {"events": events, "state": {k: v.clone() for k, v in model.state_dict().items()}}
+
+
+def _flat(state: dict[str, torch.Tensor]) -> torch.Tensor:
+    return torch.cat([v.detach().reshape(-1).float() for _, v in sorted(state.items())])
+
+
+def _rank_diff(state: dict[str, torch.Tensor]) -> float:
+    flat = _flat(state)
+    gathered = [torch.zeros_like(flat) for _ in range(WORLD)]
+    dist.all_gather(gathered, flat)
+    return max((g - gathered[0]).abs().max().item() for g in gathered)
+
+
+def _no_shm_op() -> None:
+    """DeepSpeed's CPU accelerator builds a C++ shared-memory op at start-up; gloo is enough."""
+    import importlib
+
+    importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
+
+
+def run_deepspeed(rank: int, stage: int, tmp: Path) -> dict:
+    """The same run under ZeRO ``stage``: growth checked at every restructure."""
+    ctl_cfg = settings()
+    config = {"train_micro_batch_size_per_gpu": 8, "zero_optimization": {"stage": stage},
+              "zero_allow_untested_optimizer": True, "steps_per_print": 10**9,
+              "wall_clock_breakdown": False}
+    engine = perfora.wrap_deepspeed(make_model(), config, optimizer=torch.optim.SGD,
+                                    optimizer_args={"lr": LR})
+    ctl = perfora.GrowthController(engine, **ctl_cfg)
+    out_change, engines, best, best_full = [], [engine], None, None
+    events = []
+    for epoch, score in enumerate(SCORES):
+        engine.train()
+        for step in range(STEPS):
+            x, y = data(epoch, step)
+            loss = nn.functional.cross_entropy(engine(x[rank::WORLD]), y[rank::WORLD])
+            engine.backward(loss)
+            engine.step()
+        engine.eval()
+        with torch.no_grad():
+            before = engine(probe())
+        previous_best = ctl._best  # replaced whenever a new best is snapshotted
+        decision = ctl.step(score, model=engine)
+        events.append(decision.action)
+        if decision.action == "restructure":
+            engine = decision.model
+            engines.append(engine)
+            with torch.no_grad():
+                out_change.append((engine(probe()) - before).abs().max().item())
+        if ctl._best is not previous_best and decision.action == "continue":
+            best = ctl.best_snapshot  # a collective under ZeRO-3: every rank
+            best_full = {k: v.clone() for k, v in ctl.backend.full_state(engine).items()}
+        if decision.complete:
+            engine = decision.model
+            break
+    final = ctl.backend.full_state(engine)
+    assert best is not None and best_full is not None
+    best_diff = max((final[k] - best_full[k]).abs().max().item() for k in best_full) \
+        if set(final) == set(best_full) else float("inf")
+    snapshot_diff = max((best[1][k] - best_full[k]).abs().max().item() for k in best_full)
+    path = tmp / f"zero{stage}.safetensors"
+    ctl.save(path)
+    dist.barrier()
+    engine.eval()
+    with torch.no_grad():
+        out = engine(probe())
+    reloaded = make_model()
+    perfora.load_model(reloaded, path)
+    with torch.no_grad():
+        reloaded_diff = (reloaded(probe()) - out).abs().max().item()
+    plain = run_plain()
+    plain_diff = max((final[k] - plain["state"][k]).abs().max().item()
+                     for k in plain["state"]) if set(final) == set(plain["state"]) else None
+    hooks = sum(len(m._forward_pre_hooks) for m in engine.module.modules())
+    return {"events": events, "plain_events": plain["events"], "out_change": out_change,
+            "rank_diff": _rank_diff(final), "plain_diff": plain_diff, "best_diff": best_diff,
+            "snapshot_diff": snapshot_diff, "reloaded_diff": reloaded_diff,
+            "dendrites": ctl.num_dendrites, "engines_distinct": len({id(e) for e in engines}),
+            "partitioned": all(hasattr(p, "ds_id") for p in engine.module.parameters()),
+            "file_keys": sorted(load_checkpoint(path).tensors["model"]) == sorted(final),
+            "hooks": hooks}
+
+
+def scenarios(rank: int, world: int, tmp: str) -> dict:
+    os.environ.update(DS_ACCELERATOR="cpu", LOCAL_RANK=str(rank), RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world))
+    _no_shm_op()
+    return {f"zero{stage}": run_deepspeed(rank, stage, Path(tmp)) for stage in (3, 2)}
+
+
+@pytest.mark.timeout(120)
+def test_zero3_and_zero2_growth_rewind_checkpoint(tmp_path: Path) -> None:
+    """Outputs unchanged by growth, ranks identical after two restructures, the plain run's
+    parameters, the rewind restores the best weights, the file loads into a plain model."""
+    results = run_world(scenarios, tmp_path / "job", WORLD, str(tmp_path), join_s=110)
+    for stage in ("zero3", "zero2"):
+        r0 = results[0][stage]
+        assert r0["events"] == r0["plain_events"]
+        assert r0["events"].count("restructure") == 2 and r0["events"][-1] == "complete"
+        assert max(r0["out_change"]) < 1e-6
+        for r in results:
+            assert r[stage]["rank_diff"] == 0.0
+            assert r[stage]["plain_diff"] is not None and r[stage]["plain_diff"] < 1e-5
+            assert r[stage]["best_diff"] < 1e-6 and r[stage]["snapshot_diff"] < 1e-6
+            assert r[stage]["reloaded_diff"] < 1e-6
+            assert r[stage]["file_keys"]
+        assert r0["dendrites"] == 1
+        assert r0["engines_distinct"] == 3
+    assert results[0]["zero3"]["partitioned"]
