@@ -11,14 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from ranks import run_world
 from torch import nn
 
+import perfora
+from perfora.checkpoint import load_checkpoint
+
 pytest.importorskip("deepspeed")
-
-import perfora  # noqa: E402
-from perfora.checkpoint import load_checkpoint  # noqa: E402
-
-from ranks import run_world  # noqa: E402
 
 WORLD = 2
 STEPS = 2
