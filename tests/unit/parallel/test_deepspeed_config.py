@@ -179,3 +179,14 @@ def test_loading_into_zero3_names_the_workaround(tmp_path: Path) -> None:
         ctl.load(tmp_path / "run.safetensors")
     with pytest.raises(ParallelError, match="load_model"):
         ctl.match_structure({})
+
+
+def test_lightning_zero3_points_to_wrap_deepspeed() -> None:
+    pytest.importorskip("deepspeed")
+    strategies = pytest.importorskip("lightning.pytorch.strategies")
+    from perfora.errors import PerforaError
+    from perfora.lightning import DendriteGrowth
+
+    with pytest.raises(PerforaError, match="wrap_deepspeed"):
+        DendriteGrowth()._check_strategy(strategies.DeepSpeedStrategy(stage=3))
+    DendriteGrowth()._check_strategy(strategies.DeepSpeedStrategy(stage=2))
