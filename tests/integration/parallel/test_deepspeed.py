@@ -98,7 +98,8 @@ def run_deepspeed(rank: int, stage: int, tmp: Path) -> dict:
     engine = perfora.wrap_deepspeed(make_model(), config, optimizer=torch.optim.SGD,
                                     optimizer_args={"lr": LR})
     ctl = perfora.GrowthController(engine, **ctl_cfg)
-    out_change, engines, best, best_full = [], [engine], None, None
+    hooks = [_hooks(engine)]
+    out_change, engines, best, best_full, retired_refused = [], [engine], None, None, None
     events = []
     for epoch, score in enumerate(SCORES):
         engine.train()
@@ -114,8 +115,15 @@ def run_deepspeed(rank: int, stage: int, tmp: Path) -> dict:
         decision = ctl.step(score, model=engine)
         events.append(decision.action)
         if decision.action == "restructure":
+            if retired_refused is None:  # the replaced engine may not be reported again
+                try:
+                    ctl.step(score, model=engine)
+                    retired_refused = False
+                except perfora.OrderError:
+                    retired_refused = True
             engine = decision.model
             engines.append(engine)
+            hooks.append(_hooks(engine))
             with torch.no_grad():
                 out_change.append((engine(probe()) - before).abs().max().item())
         if ctl._best is not previous_best and decision.action == "continue":
@@ -142,14 +150,20 @@ def run_deepspeed(rank: int, stage: int, tmp: Path) -> dict:
     plain = run_plain()
     plain_diff = max((final[k] - plain["state"][k]).abs().max().item()
                      for k in plain["state"]) if set(final) == set(plain["state"]) else None
-    hooks = sum(len(m._forward_pre_hooks) for m in engine.module.modules())
     return {"events": events, "plain_events": plain["events"], "out_change": out_change,
             "rank_diff": _rank_diff(final), "plain_diff": plain_diff, "best_diff": best_diff,
             "snapshot_diff": snapshot_diff, "reloaded_diff": reloaded_diff,
             "dendrites": ctl.num_dendrites, "engines_distinct": len({id(e) for e in engines}),
             "partitioned": all(hasattr(p, "ds_id") for p in engine.module.parameters()),
             "file_keys": sorted(load_checkpoint(path).tensors["model"]) == sorted(final),
-            "hooks": hooks}
+            "hooks": hooks, "retired_refused": retired_refused,
+            "optimizer_is_engines": ctl.optimizer is engine.optimizer}
+
+
+def _hooks(engine: nn.Module) -> int:
+    """Hooks on the model's modules: the retired engines' must all be gone."""
+    return sum(len(m._forward_pre_hooks) + len(m._forward_hooks) + len(m._backward_hooks)
+               for m in engine.module.modules())
 
 
 def scenarios(rank: int, world: int, tmp: str) -> dict:
@@ -177,4 +191,7 @@ def test_zero3_and_zero2_growth_rewind_checkpoint(tmp_path: Path) -> None:
             assert r[stage]["file_keys"]
         assert r0["dendrites"] == 1
         assert r0["engines_distinct"] == 3
+        assert r0["retired_refused"] and r0["optimizer_is_engines"]
+        # each new engine registers its hooks once: the retired ones' are gone
+        assert r0["hooks"][1] == r0["hooks"][2] <= r0["hooks"][0]
     assert results[0]["zero3"]["partitioned"]
