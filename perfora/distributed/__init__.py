@@ -1,4 +1,4 @@
-"""Distributed support: rank queries, collectives, re-wrapping DDP and re-sharding FSDP.
+"""Distributed support: rank queries, collectives, re-wrapping DDP and DeepSpeed, re-sharding FSDP.
 
 The public namespace of :mod:`perfora.parallel` (where the code lives); import these names
 from here or from ``perfora``.

@@ -1,4 +1,4 @@
-"""Parallel backends: one interface for no wrapper, DataParallel, DDP, FSDP1 and FSDP2.
+"""Parallel backends: one interface for no wrapper, DataParallel, DDP, FSDP1, FSDP2 and DeepSpeed.
 
 Also the rank queries, collectives and helpers a training script uses under torchrun
 (re-exported by :mod:`perfora.distributed`, the public namespace).

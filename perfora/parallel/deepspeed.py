@@ -45,7 +45,6 @@ from .deepspeed_config import (
     zero_stage,
 )
 from .fingerprint import check_same_structure
-from .shard_local import META
 
 DEEPSPEED_KIND = "deepspeed"
 _SPEC_ATTR = "_perfora_wrapper_spec"
@@ -91,7 +90,7 @@ class DeepSpeedSpec:
             retire(self.engine)
             self.engine = None
         if self.stage == 3 and self.template is None:
-            self.template = copy.deepcopy(module).to(META)
+            self.template = zero3.meta_copy(module)  # structure only: nothing allocated
         params = self.model_parameters(module) if self.model_parameters is not None else \
             [p for p in module.parameters() if p.requires_grad]
         engine, _, _, _ = deepspeed.initialize(

@@ -102,14 +102,14 @@ def edit_layers(module: nn.Module, template: nn.Module, edit: LayerEdit) -> nn.M
     for index, (path, layer) in enumerate(sorted(dendritic_layers(module).items())):
         plain = whole_layer(layer, templates[path], device)
         edit(index, path, plain)
-        new_template = _set_child(new_template, path, _meta_copy(plain))
+        new_template = _set_child(new_template, path, meta_copy(plain))
         partition(plain, reference)
         _set_child(module, path, plain)
     return new_template
 
 
-def _meta_copy(layer: nn.Module) -> nn.Module:
-    """A structure-only (meta) copy of a plain layer, with its settings: nothing allocated."""
+def meta_copy(layer: nn.Module) -> nn.Module:
+    """A structure-only (meta) copy of a plain module, with its settings: nothing allocated."""
     memo: dict[int, Any] = {}
     for p in layer.parameters():
         memo[id(p)] = nn.Parameter(torch.empty_like(p, device=META),

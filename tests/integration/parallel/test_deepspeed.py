@@ -89,8 +89,24 @@ def _no_shm_op() -> None:
     importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
 
 
+def _record_gathers() -> list[int]:
+    """Record how many values each ZeRO-3 gather by perfora brings together."""
+    from perfora.parallel import zero3
+
+    sizes: list[int] = []
+    gathered = zero3._gathered
+
+    def recording(params: list) -> object:
+        sizes.append(sum(int(p.ds_numel) for p in params))
+        return gathered(params)
+
+    zero3._gathered = recording
+    return sizes
+
+
 def run_deepspeed(rank: int, stage: int, tmp: Path) -> dict:
     """The same run under ZeRO ``stage``: growth checked at every restructure."""
+    gathers = _record_gathers()
     ctl_cfg = settings()
     config = {"train_micro_batch_size_per_gpu": 8, "zero_optimization": {"stage": stage},
               "zero_allow_untested_optimizer": True, "steps_per_print": 10**9,
@@ -156,6 +172,10 @@ def run_deepspeed(rank: int, stage: int, tmp: Path) -> dict:
             "dendrites": ctl.num_dendrites, "engines_distinct": len({id(e) for e in engines}),
             "partitioned": all(hasattr(p, "ds_id") for p in engine.module.parameters()),
             "file_keys": sorted(load_checkpoint(path).tensors["model"]) == sorted(final),
+            "largest_gather": max(gathers, default=0),
+            "largest_layer": max(sum(p.numel() for p in layer.parameters())
+                                 for layer in perfora.dendritic_layers(reloaded).values()),
+            "model_size": sum(p.numel() for p in reloaded.parameters()),
             "hooks": hooks, "retired_refused": retired_refused,
             "optimizer_is_engines": ctl.optimizer is engine.optimizer}
 
@@ -194,4 +214,7 @@ def test_zero3_and_zero2_growth_rewind_checkpoint(tmp_path: Path) -> None:
         assert r0["retired_refused"] and r0["optimizer_is_engines"]
         # each new engine registers its hooks once: the retired ones' are gone
         assert r0["hooks"][1] == r0["hooks"][2] <= r0["hooks"][0]
-    assert results[0]["zero3"]["partitioned"]
+    z3 = results[0]["zero3"]
+    assert z3["partitioned"]
+    # growth, the rewind and the checkpoint file gathered one layer at a time, never the model
+    assert 0 < z3["largest_gather"] <= z3["largest_layer"] < z3["model_size"]
