@@ -110,17 +110,17 @@ def retire(engine: Any) -> None:
         if handle is not None:
             handle.remove()
             setattr(engine, name, None)
-    optimizer = getattr(engine, "optimizer", None)
-    offload = getattr(optimizer, "parameter_offload", None)
-    if offload is not None:
-        offload.param_coordinator = None  # the partitioned-parameter coordinator
     module = getattr(engine, "module", None)
     for m in module.modules() if module is not None else ():
         for attr in _ENGINE_MODULE_ATTRS:  # ZeRO-3 caches its backward functions per module,
             m.__dict__.pop(attr, None)      # closed over the retired engine's coordinator
-    engine.optimizer = None
-    engine.lr_scheduler = None
-    engine.basic_optimizer = None
+    # the ZeRO optimizer refers to itself (bound methods, hooks' closures): cleared, its flat
+    # buffers, master weights and moments are freed at once instead of at the next gc
+    optimizer = getattr(engine, "optimizer", None)
+    for owner in (getattr(optimizer, "parameter_offload", None), optimizer):
+        if owner is not None and hasattr(owner, "__dict__"):
+            owner.__dict__.clear()
+    engine.optimizer = engine.lr_scheduler = engine.basic_optimizer = None
 
 
 class DeepSpeedBackend(ReplicatedBackend):

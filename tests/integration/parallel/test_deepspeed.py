@@ -6,6 +6,7 @@ costs seconds per process). The join has a deadline, so a hang fails the test.
 from __future__ import annotations
 
 import os
+import weakref
 from pathlib import Path
 
 import pytest
@@ -118,6 +119,8 @@ def run_deepspeed(rank: int, stage: int, tmp: Path) -> dict:
     engine = wrap(make_model(), stage)
     ctl = perfora.GrowthController(engine, **settings())
     hooks = [_hooks(engine)]
+    flat = weakref.ref(_flat_buffer(engine))  # the first engine's partitions of the parameters
+    freed = None
     out_change, engines, best, best_full, retired_refused = [], [engine], None, None, None
     events = []
     for epoch, score in enumerate(SCORES):
@@ -143,6 +146,7 @@ def run_deepspeed(rank: int, stage: int, tmp: Path) -> dict:
             engine = decision.model
             engines.append(engine)
             hooks.append(_hooks(engine))
+            freed = flat() is None if freed is None else freed
             with torch.no_grad():
                 out_change.append((engine(probe()) - before).abs().max().item())
         if ctl._best is not previous_best and decision.action == "continue":
@@ -169,7 +173,7 @@ def run_deepspeed(rank: int, stage: int, tmp: Path) -> dict:
             "file_keys": sorted(load_checkpoint(files["path"]).tensors["model"])
             == sorted(final),
             "largest_gather": max(gathers, default=0),
-            "hooks": hooks, "retired_refused": retired_refused,
+            "hooks": hooks, "old_buffers_freed": freed, "retired_refused": retired_refused,
             "optimizer_is_engines": optimizer_is_engines}
 
 
@@ -206,6 +210,14 @@ def _checkpoint(ctl: perfora.GrowthController, engine: nn.Module, stage: int, pa
             "load_refused": load_refused, **sizes}
 
 
+def _flat_buffer(engine: nn.Module) -> torch.Tensor:
+    """The engine's flat buffer of (this rank's partitions of) the parameters."""
+    optimizer = engine.optimizer
+    groups = getattr(optimizer, "fp16_partitioned_groups_flat", None) or \
+        getattr(optimizer, "bit16_groups_flat", None)
+    return groups[0]
+
+
 def _hooks(engine: nn.Module) -> int:
     """Hooks on the model's modules: the retired engines' must all be gone."""
     return sum(len(m._forward_pre_hooks) + len(m._forward_hooks) + len(m._backward_hooks)
@@ -238,6 +250,9 @@ def test_zero3_and_zero2_growth_rewind_checkpoint(tmp_path: Path) -> None:
         assert r0["dendrites"] == 1
         assert r0["engines_distinct"] == 3
         assert r0["retired_refused"] and r0["optimizer_is_engines"]
+        # the retired engine's buffers are freed at once (the old engine object is still
+        # referenced here), not at the next garbage collection
+        assert r0["old_buffers_freed"]
         # each new engine registers its hooks once: the retired ones' are gone
         assert r0["hooks"][1] == r0["hooks"][2] <= r0["hooks"][0]
     z3 = results[0]["zero3"]
