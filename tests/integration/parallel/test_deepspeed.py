@@ -1,4 +1,4 @@
-"""Growth under DeepSpeed ZeRO-3 (and ZeRO-2) through ``perfora.wrap_deepspeed``: 2 real
+"""Growth under DeepSpeed ZeRO-3 (and ZeRO-2, ZeRO-0) through ``perfora.wrap_deepspeed``: 2 real
 CPU ranks (gloo, ``DS_ACCELERATOR=cpu``), every scenario in one launch (DeepSpeed's start-up
 costs seconds per process). The join has a deadline, so a hang fails the test.
 """
@@ -21,6 +21,7 @@ from perfora.checkpoint import load_checkpoint
 pytest.importorskip("deepspeed")
 
 WORLD = 2
+STAGES = (3, 2, 0)
 STEPS = 2
 LR = 0.1
 
@@ -119,7 +120,8 @@ def run_deepspeed(rank: int, stage: int, tmp: Path) -> dict:
     engine = wrap(make_model(), stage)
     ctl = perfora.GrowthController(engine, **settings())
     hooks = [_hooks(engine)]
-    flat = weakref.ref(_flat_buffer(engine))  # the first engine's partitions of the parameters
+    # the first engine's (partitions of the) parameters, flattened: stage 0 has no flat buffer
+    flat = weakref.ref(_flat_buffer(engine) if stage else torch.empty(0))
     freed = None
     out_change, engines, best, best_full, retired_refused = [], [engine], None, None, None
     events = []
@@ -228,15 +230,15 @@ def scenarios(rank: int, world: int, tmp: str) -> dict:
     os.environ.update(DS_ACCELERATOR="cpu", LOCAL_RANK=str(rank), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world))
     _no_shm_op()
-    return {f"zero{stage}": run_deepspeed(rank, stage, Path(tmp)) for stage in (3, 2)}
+    return {f"zero{stage}": run_deepspeed(rank, stage, Path(tmp)) for stage in STAGES}
 
 
 @pytest.mark.timeout(120)
-def test_zero3_and_zero2_growth_rewind_checkpoint(tmp_path: Path) -> None:
+def test_zero3_zero2_zero0_growth_rewind_checkpoint(tmp_path: Path) -> None:
     """Outputs unchanged by growth, ranks identical after two restructures, the plain run's
     parameters, the rewind restores the best weights, the file loads into a plain model."""
     results = run_world(scenarios, tmp_path / "job", WORLD, str(tmp_path), join_s=110)
-    for stage in ("zero3", "zero2"):
+    for stage in [f"zero{s}" for s in STAGES]:
         r0 = results[0][stage]
         assert r0["events"] == r0["plain_events"]
         assert r0["events"].count("restructure") == 2 and r0["events"][-1] == "complete"
