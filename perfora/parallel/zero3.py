@@ -54,9 +54,16 @@ def local_device(module: nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
-def whole_layer(layer: nn.Module, template: nn.Module, device: torch.device) -> nn.Module:
+def _plain(template: nn.Module, device: torch.device, dtype: torch.dtype) -> nn.Module:
+    """An uninitialized plain copy of a (meta) template layer, in the engine's dtype (the
+    template keeps the dtype of the model before ``deepspeed.initialize`` cast it)."""
+    return copy.deepcopy(template).to_empty(device=device).to(dtype)
+
+
+def whole_layer(layer: nn.Module, template: nn.Module, device: torch.device,
+                dtype: torch.dtype) -> nn.Module:
     """A plain copy of one partitioned layer (a collective: gathers this layer only)."""
-    plain = copy.deepcopy(template).to_empty(device=device)
+    plain = _plain(template, device, dtype)
     sources = dict(layer.named_parameters())
     with _gathered(list(sources.values())), torch.no_grad():
         for name, p in plain.named_parameters():
@@ -100,7 +107,7 @@ def edit_layers(module: nn.Module, template: nn.Module, edit: LayerEdit) -> nn.M
     new_template = copy.deepcopy(template)
     templates = dendritic_layers(template)
     for index, (path, layer) in enumerate(sorted(dendritic_layers(module).items())):
-        plain = whole_layer(layer, templates[path], device)
+        plain = whole_layer(layer, templates[path], device, reference.ds_tensor.dtype)
         edit(index, path, plain)
         new_template = _set_child(new_template, path, meta_copy(plain))
         partition(plain, reference)
@@ -197,7 +204,7 @@ def restore(module: nn.Module, template: nn.Module, structure: Mapping[str, Mapp
     layers = dendritic_layers(new_template)
     with torch.no_grad():
         for path in sorted(layers):
-            plain = copy.deepcopy(layers[path]).to_empty(device=device)
+            plain = _plain(layers[path], device, reference.ds_tensor.dtype)
             for name, p in plain.named_parameters():
                 key = _join(path, name)
                 p.copy_(_whole_param(tensors[key], shapes[key]).to(device))

@@ -91,10 +91,10 @@ def _no_shm_op() -> None:
     importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
 
 
-def wrap(model: nn.Module, stage: int) -> nn.Module:
+def wrap(model: nn.Module, stage: int, **extra: dict) -> nn.Module:
     """``wrap_deepspeed`` with ZeRO ``stage`` and plain SGD."""
     config = {"train_micro_batch_size_per_gpu": 8, "zero_optimization": {"stage": stage},
-              "zero_allow_untested_optimizer": True, "steps_per_print": 10**9}
+              "zero_allow_untested_optimizer": True, "steps_per_print": 10**9, **extra}
     return perfora.wrap_deepspeed(model, config, optimizer=torch.optim.SGD,
                                   optimizer_args={"lr": LR})
 
@@ -226,11 +226,31 @@ def _hooks(engine: nn.Module) -> int:
                for m in engine.module.modules())
 
 
+def run_bf16(rank: int) -> dict:
+    """ZeRO-3 with bf16 weights: grown layers keep the engine's dtype, outputs unchanged."""
+    engine = wrap(make_model(), 3, bf16={"enabled": True})
+    ctl = perfora.GrowthController(engine, **settings())
+    changes = []
+    for epoch in range(2):
+        x, y = data(epoch, 0)
+        loss = nn.functional.cross_entropy(engine(x[rank::WORLD].bfloat16()).float(),
+                                           y[rank::WORLD])
+        engine.backward(loss)
+        engine.step()
+        with torch.no_grad():
+            before = engine(probe().bfloat16())
+            engine = ctl.add_dendrites().model
+            changes.append((engine(probe().bfloat16()) - before).abs().max().item())
+    return {"out_change": changes, "rank_diff": _rank_diff(ctl.backend.full_state(engine)),
+            "dtypes": sorted({str(p.ds_tensor.dtype) for p in engine.module.parameters()})}
+
+
 def scenarios(rank: int, world: int, tmp: str) -> dict:
     os.environ.update(DS_ACCELERATOR="cpu", LOCAL_RANK=str(rank), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world))
     _no_shm_op()
-    return {f"zero{stage}": run_deepspeed(rank, stage, Path(tmp)) for stage in STAGES}
+    return {**{f"zero{stage}": run_deepspeed(rank, stage, Path(tmp)) for stage in STAGES},
+            "bf16": run_bf16(rank)}
 
 
 @pytest.mark.timeout(120)
@@ -257,6 +277,9 @@ def test_zero3_zero2_zero0_growth_rewind_checkpoint(tmp_path: Path) -> None:
         assert r0["old_buffers_freed"]
         # each new engine registers its hooks once: the retired ones' are gone
         assert r0["hooks"][1] == r0["hooks"][2] <= r0["hooks"][0]
+    for r in results:
+        assert r["bf16"]["out_change"] == [0.0, 0.0] and r["bf16"]["rank_diff"] == 0.0
+        assert r["bf16"]["dtypes"] == ["torch.bfloat16"]
     z3 = results[0]["zero3"]
     assert z3["partitioned"] and z3["load_refused"]
     # growth, the rewind and the checkpoint file gathered one layer at a time, never the model
