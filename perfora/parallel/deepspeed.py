@@ -52,10 +52,10 @@ _ENGINE_MODULE_ATTRS = ("pre_bwd_fn", "post_bwd_fn", "applied_pre_backward_ref_c
                         "ds_grads_remaining")
 LOAD_REFUSED = (
     "loading a checkpoint into a ZeRO-3 engine is not supported (its parameters are "
-    "partitioned and perfora would have to re-partition a whole model at once). Load it into "
-    "the plain perforated model first, then wrap it: perfora.load_model(model, path) (or "
-    "GrowthController.from_checkpoint(path, model) without a wrapper for the weights), then "
-    "perfora.wrap_deepspeed(model, config, ...) and a new GrowthController")
+    "partitioned and perfora would have to re-partition a whole model at once). Load the "
+    "weights into the plain perforated model first, then wrap it: perfora.load_model(model, "
+    "path); engine = perfora.wrap_deepspeed(model, config, ...); and a new "
+    "GrowthController(engine) (its history starts afresh)")
 
 
 def is_deepspeed_engine(model: nn.Module) -> bool:
