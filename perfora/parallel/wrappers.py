@@ -116,6 +116,11 @@ def wrapper_spec(model: nn.Module
             "recipe, and the engine's parameter partitions and hooks cover only the old "
             "parameters). Build it with perfora.wrap_deepspeed(model, config, "
             "optimizer=<class>, optimizer_args={...}) instead")
+    if any(hasattr(p, "ds_id") for p in model.parameters()):
+        raise ParallelError(
+            "this model's parameters are partitioned by DeepSpeed (deepspeed.zero.Init or an "
+            "engine perfora did not build): perfora cannot grow them in place. Build the "
+            "model without zero.Init, perforate it and wrap it with perfora.wrap_deepspeed")
     if isinstance(model, DistributedDataParallel):
         hooks = list(getattr(model, "_comm_hooks", []))
         return WrapperSpec(DDP_KIND, ddp_kwargs_of(model), hooks)

@@ -135,6 +135,8 @@ def test_zero_init_models_and_engines_are_refused() -> None:
     next(model.parameters()).ds_id = 0  # what deepspeed.zero.Init leaves on a parameter
     with pytest.raises(ParallelError, match=r"zero\.Init"):
         check_model(model)
+    with pytest.raises(ParallelError, match=r"zero\.Init"):
+        perfora.GrowthController(model, write_files=False)
     with pytest.raises(ParallelError, match="engine"):
         check_model(DeepSpeedEngine(_model()))
 
