@@ -54,6 +54,9 @@ class ParallelBackend(Protocol):
     def check_config(self, config: Any) -> None:
         """Refuse settings this backend cannot run (ParallelError)."""
 
+    def check_load(self) -> None:
+        """Refuse a checkpoint load into the model (ParallelError naming what to do)."""
+
     def edit_layers(self, model: nn.Module, edit: LayerEdit) -> nn.Module:
         """Apply ``edit(index, path, layer)`` to every dendritic layer (sorted by path);
         returns the model to re-wrap (a collective when sharded)."""
@@ -117,6 +120,9 @@ class ReplicatedBackend:
 
     def check_config(self, config: Any) -> None:
         """Every setting runs on a replicated model."""
+
+    def check_load(self) -> None:
+        """Checkpoints load into a replicated model."""
 
     def edit_layers(self, model: nn.Module, edit: LayerEdit) -> nn.Module:
         """Edit each layer in place; the model itself."""
@@ -205,6 +211,9 @@ class ShardedBackend:
 
     def check_config(self, config: Any) -> None:
         """Every setting runs on a sharded model."""
+
+    def check_load(self) -> None:
+        """Checkpoints load into a sharded model (gathered or shard by shard)."""
 
     def check_rule(self, rule: str) -> None:
         """Only 'gd': other rules change parameters outside a restructure."""

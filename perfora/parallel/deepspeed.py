@@ -152,9 +152,13 @@ class DeepSpeedBackend(ReplicatedBackend):
 
     def unshard(self, model: nn.Module) -> nn.Module:
         """The model itself (ZeRO 0-2); a ZeRO-3 load is refused."""
+        self.check_load()
+        return model
+
+    def check_load(self) -> None:
+        """Refuse a load into a ZeRO-3 engine, naming the tested workaround."""
         if self.sharded:
             raise ParallelError(LOAD_REFUSED)
-        return model
 
     def shadow(self, model: nn.Module) -> nn.Module | None:
         """A weightless copy (ZeRO 0-2); None under ZeRO-3."""

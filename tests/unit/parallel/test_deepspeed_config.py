@@ -181,6 +181,10 @@ def test_loading_into_zero3_names_the_workaround(tmp_path: Path) -> None:
         ctl.load(tmp_path / "run.safetensors")
     with pytest.raises(ParallelError, match="load_model"):
         ctl.match_structure({})
+    with pytest.raises(ParallelError, match="load_model"):
+        perfora.GrowthController.from_checkpoint(tmp_path / "run.safetensors", _engine(ZERO3))
+    with pytest.raises(ParallelError, match="load_model"):
+        perfora.resume(_engine(ZERO3), tmp_path / "run.safetensors")
 
 
 def test_lightning_zero3_points_to_wrap_deepspeed() -> None:
