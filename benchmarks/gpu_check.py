@@ -266,6 +266,58 @@ def deepspeed_runs(out: Path) -> dict:
     return report
 
 
+def deepspeed_zero3(out: Path) -> dict:
+    """perfora.wrap_deepspeed with ZeRO-3 over NCCL (world size 1): growth one layer at a time
+    (outputs unchanged), a new engine, training after growth, checkpoint into a plain model."""
+    import deepspeed
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29537", RANK="0", LOCAL_RANK="0",
+                      WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
+    deepspeed.init_distributed(dist_backend="nccl")
+    torch.cuda.set_device(0)
+    dev = torch.device("cuda", 0)
+    res: dict = {"deepspeed": deepspeed.__version__}
+
+    def make() -> nn.Module:
+        torch.manual_seed(0)
+        return perfora.perforate(nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 5)))
+
+    try:
+        config = {"train_micro_batch_size_per_gpu": 16, "zero_optimization": {"stage": 3},
+                  "zero_allow_untested_optimizer": True, "steps_per_print": 10**9}
+        engine = perfora.wrap_deepspeed(make(), config, optimizer=torch.optim.Adam,
+                                        optimizer_args={"lr": 1e-3})
+        ctl = perfora.GrowthController(engine, write_files=False)
+        x = torch.randn(16, 32, device=dev)
+        engine.backward(engine(x).sum())
+        engine.step()
+        with torch.no_grad():
+            before = engine(x)
+        decision = ctl.add_dendrites()
+        new = decision.model
+        with torch.no_grad():
+            after = new(x)
+        new.backward(new(x).sum())
+        new.step()
+        path = out / "deepspeed_zero3.safetensors"
+        ctl.save(path)
+        plain = perfora.load_model(make(), path).to(dev)
+        with torch.no_grad():
+            reloaded = (plain(x) - new(x)).abs().max().item()
+        res.update({"growth_output_change": (after - before).abs().max().item(),
+                    "new_engine": new is not engine, "dendrites": ctl.num_dendrites,
+                    "partitioned": all(hasattr(p, "ds_id") for p in new.module.parameters()),
+                    "on_cuda": all(p.ds_tensor.is_cuda for p in new.module.parameters()),
+                    "reloaded_output_diff": reloaded,
+                    "peak_mib": torch.cuda.max_memory_allocated() / 2**20})
+    except Exception as exc:  # report, do not hide
+        res["error"] = f"{type(exc).__name__}: {exc}"
+    finally:
+        dist.destroy_process_group()
+    return res
+
+
 def fsdp1_runs(out: Path) -> dict:
     """Lightning's FSDPStrategy (FSDP1) with perfora.wrap_fsdp1: growth, resume, vs ddp."""
     return _grow_resume_compare(out, "fsdp1", "fsdp1")
@@ -355,6 +407,7 @@ def main() -> None:
               "error_growth": error_growth,
               "lightning": lambda: lightning_runs(args.out),
               "deepspeed": lambda: deepspeed_runs(args.out),
+              "deepspeed_zero3": lambda: deepspeed_zero3(args.out),
               "fsdp1": lambda: fsdp1_runs(args.out)}
     for name, fn in checks.items():
         if args.only and name not in args.only:

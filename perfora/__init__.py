@@ -51,11 +51,12 @@ from .distributed import (  # noqa: E402
     set_epoch,
     shard_fsdp2,
     wrap_ddp,
+    wrap_deepspeed,
     wrap_fsdp1,
 )
 
 __all__ += ["distributed", "RankMismatchError", "wrap_ddp", "shard_fsdp2", "wrap_fsdp1",
-            "set_epoch"]
+            "wrap_deepspeed", "set_epoch"]
 
 
 if TYPE_CHECKING:  # pragma: no cover

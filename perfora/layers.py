@@ -720,7 +720,8 @@ def unwrap_model(model: nn.Module) -> nn.Module:
     while seen < 8:
         seen += 1
         if isinstance(model, nn.DataParallel | nn.parallel.DistributedDataParallel) or \
-                type(model).__name__ == "FullyShardedDataParallel":  # FSDP1: no import here
+                type(model).__name__ in ("FullyShardedDataParallel",  # FSDP1: no import here
+                                         "DeepSpeedEngine"):
             model = model.module
         elif hasattr(model, "_orig_mod") and isinstance(model._orig_mod, nn.Module):
             model = model._orig_mod

@@ -197,9 +197,12 @@ class DendriteGrowth(Callback):
                 "(ModelParallelStrategy with perfora.shard_fsdp2)")
         if isinstance(strategy, DeepSpeedStrategy) and _zero_stage(strategy) == 3:
             raise PerforaError(
-                "DeepSpeed ZeRO stage 3 partitions the parameters, so perfora cannot add "
-                "dendrites in place; use ZeRO stage 1 or 2 (strategy='deepspeed_stage_2'), "
-                "or FSDP2 through ModelParallelStrategy")
+                "Lightning's DeepSpeedStrategy with ZeRO stage 3 builds the engine itself, "
+                "so perfora cannot rebuild it after adding dendrites. For ZeRO-3 growth train "
+                "in a plain loop with perfora.wrap_deepspeed(model, config, "
+                "optimizer=..., optimizer_args=...), which rebuilds the engine and grows one "
+                "layer at a time; in Lightning use ZeRO stage 1 or 2 "
+                "(strategy='deepspeed_stage_2'), or FSDP2 through ModelParallelStrategy")
         if isinstance(strategy, ModelParallelStrategy) and self.module_path is None:
             raise ConfigError("under ModelParallelStrategy give DendriteGrowth(module=...) the "
                               "submodule you shard with perfora.shard_fsdp2 in configure_model")

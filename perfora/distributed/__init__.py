@@ -1,4 +1,4 @@
-"""Distributed support: rank queries, collectives, re-wrapping DDP and re-sharding FSDP.
+"""Distributed support: rank queries, collectives, re-wrapping DDP and DeepSpeed, re-sharding FSDP.
 
 The public namespace of :mod:`perfora.parallel` (where the code lives); import these names
 from here or from ``perfora``.
@@ -25,6 +25,7 @@ from ..parallel import (
     structure_fingerprint,
     world_size,
     wrap_ddp,
+    wrap_deepspeed,
     wrap_fsdp1,
     wrapper_spec,
 )
@@ -34,4 +35,4 @@ __all__ = ["agree_on_scores", "barrier", "is_distributed",
            "RankMismatchError", "check_same_structure", "structure_fingerprint",
            "FSDP2Spec", "full_state_dict", "is_fsdp1", "is_fsdp2", "shard_fsdp2", "wrap_fsdp1",
            "init_from_env", "print0", "set_epoch",
-           "WrapperSpec", "ddp_kwargs_of", "wrap_ddp", "wrapper_spec"]
+           "WrapperSpec", "ddp_kwargs_of", "wrap_ddp", "wrapper_spec", "wrap_deepspeed"]

@@ -61,6 +61,7 @@ class GrowthController(OptimizerMethods, CheckpointMethods):
             raise PerforationError("the model has no dendritic layers: call "
                                    "perfora.perforate(model) before creating the controller")
         self.backend.check_rule(config.rule)
+        self.backend.check_config(config)
         surgery.apply_activation(layers, config.activation)
         for layer in layers.values():
             layer.remember_frozen_base()  # frozen by the user: stays frozen in every phase
@@ -76,6 +77,7 @@ class GrowthController(OptimizerMethods, CheckpointMethods):
         self._best: BestSnapshot | None = None  # the best model so far, for the rewind
         self._last_time = time.perf_counter()
         self._writer = RunWriter(config, run_dir, write_files)
+        self._take_engine_optimizer()
         surgery.arm_probe(self)
 
     @property
@@ -134,6 +136,13 @@ class GrowthController(OptimizerMethods, CheckpointMethods):
         if model is not self.model:
             self.model = model
             self.backend = backend_of(model)
+            self._take_engine_optimizer()
+
+    def _take_engine_optimizer(self) -> None:
+        """Under DeepSpeed the engine builds the optimizer (and steps its scheduler):
+        perfora hands it over instead of building one."""
+        if getattr(self.backend, "owns_optimizer", False):
+            self._slot.hand_over(self.backend.engine_optimizer(self.model))
 
     def _unshard(self) -> None:
         """Sharded: swap the model for an unsharded copy with the full state (collective)."""
@@ -151,11 +160,13 @@ class GrowthController(OptimizerMethods, CheckpointMethods):
         self.model = self.backend.rewrap(old)
         if self.backend.replaces_wrappers and self.model is not old:
             self._retired.add(old)
+        self._take_engine_optimizer()
 
     def _rebuild_after_change(self) -> None:
         """After a structure or trainables change: re-wrap, then rebuild the optimizer."""
         self._sync_structure()
         self._slot.after_restructure(self.model, self.config.maximize)
+        self._take_engine_optimizer()
 
     def step(self, score: Any, *, test_score: Any = None,
              extra: Mapping[str, Any] | None = None,

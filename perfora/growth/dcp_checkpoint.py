@@ -56,7 +56,7 @@ def resolve_format(setting: str, backend: ParallelBackend) -> str:
     sharded models only."""
     if not is_distributed():
         return FILE
-    if setting == DCP or (setting == "auto" and backend.sharded):
+    if setting == DCP or (setting == "auto" and getattr(backend, "auto_dcp", backend.sharded)):
         return DCP
     return FILE
 
@@ -164,6 +164,7 @@ def dcp_state(ctl: GrowthController, model_from_best: bool = False
 def save_dcp_checkpoint(ctl: GrowthController, path: str | Path,
                         model_from_best: bool = False) -> None:
     """Write ``path`` as a DCP folder (a collective: call it on every rank)."""
+    _check_dcp(ctl)
     tensors, meta = dcp_state(ctl, model_from_best)
     save_dcp(path, tensors, meta)
 
@@ -241,6 +242,11 @@ def check_fits(shadow: nn.Module, meta: Mapping[str, Any], shapes: Shapes, sourc
     rehearse_rule(shadow, config, meta.get("rule", {}), source)
 
 
+def _check_dcp(ctl: GrowthController) -> None:
+    """Refuse DCP folders where the backend's state cannot go through DCP (DeepSpeed)."""
+    ctl.backend.check_config(ctl.config.replace(checkpoint_format=DCP))
+
+
 def _check_optimizer_class(ctl: GrowthController, meta: Mapping[str, Any], source: str) -> None:
     """CheckpointError before anything changes when the registered optimizer is of another
     class than the saved state's."""
@@ -257,6 +263,7 @@ def restore_dcp(ctl: GrowthController, path: Path, meta: dict[str, Any], shapes:
                 metadata: Any, checked: bool = False) -> None:
     """Structure, controller and rule state, then the shards (model, optimizer, best)."""
     source = str(path)
+    _check_dcp(ctl)
     state = checked_state(meta["controller"], source)
     _check_optimizer_class(ctl, meta, source)
     shadow = None if checked else _weightless(ctl)

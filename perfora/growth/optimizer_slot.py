@@ -129,15 +129,27 @@ class OptimizerMethods:
 
     def set_optimizer(self, cls: type[torch.optim.Optimizer], **kwargs: Any) -> None:
         """Register the optimizer class and arguments; rebuilt after every restructure."""
+        self._refuse_under_engine("set_optimizer")
         self._slot.set_recipe(cls, kwargs)
 
     def set_scheduler(self, cls: type, **kwargs: Any) -> None:
         """Register the LR scheduler class and arguments (stepped by the controller)."""
+        self._refuse_under_engine("set_scheduler")
         self._slot.set_scheduler(cls, kwargs)
 
     def build_optimizer(self) -> tuple[torch.optim.Optimizer, Any]:
-        """(Re)build optimizer and scheduler over the currently trainable parameters."""
+        """(Re)build optimizer and scheduler over the currently trainable parameters (under
+        DeepSpeed: the engine's optimizer, and None: the engine steps its scheduler)."""
+        if getattr(getattr(self, "backend", None), "owns_optimizer", False):
+            return self._slot.optimizer, None  # type: ignore[return-value]
         return self._slot.build(self.model, self.config.maximize)
+
+    def _refuse_under_engine(self, what: str) -> None:
+        """DeepSpeed builds the optimizer and scheduler from wrap_deepspeed's recipe."""
+        if getattr(getattr(self, "backend", None), "owns_optimizer", False):
+            raise OrderError(f"{what}() under DeepSpeed: the engine builds the optimizer and "
+                             "scheduler; give their recipe to perfora.wrap_deepspeed("
+                             "optimizer=..., optimizer_args=..., lr_scheduler=...) instead")
 
     def set_optimizer_instance(self, optimizer: torch.optim.Optimizer,
                                scheduler: Any = None) -> None:

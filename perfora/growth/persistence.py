@@ -254,6 +254,9 @@ def from_checkpoint(cls: type[GrowthController], path: str | Path, model: nn.Mod
                     scheduler_args: dict[str, Any] | None = None,
                     run_dir: str | Path | None = None, **settings: Any) -> GrowthController:
     """A controller of class ``cls`` continuing the run saved in ``path`` (read once)."""
+    from ..parallel import backend_of
+
+    backend_of(model).check_load()  # a ZeRO-3 engine refuses, naming the workaround
     path = Path(path)
     if is_dcp_path(path):
         return from_dcp_checkpoint(cls, path, model, config, settings, optimizer=optimizer,

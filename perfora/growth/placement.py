@@ -22,8 +22,9 @@ def check_reported_model(current: nn.Module, model: nn.Module,
                          "created with; pass the same model (or its DDP/DataParallel "
                          "wrapper)")
     if model in retired:
-        raise OrderError("step() got a DistributedDataParallel wrapper that perfora "
-                         "replaced at an earlier restructure: its gradient buckets do not "
-                         "cover the new dendrites, so the ranks may have diverged. After "
+        raise OrderError("step() got a DistributedDataParallel wrapper (or DeepSpeed engine) "
+                         "that perfora replaced at an earlier restructure: its gradient "
+                         "buckets (or partitions) do not cover the new dendrites, so the ranks "
+                         "may have diverged. After "
                          "every decision with restructured=True (or complete=True) use "
                          "decision.model and decision.optimizer")

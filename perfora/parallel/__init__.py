@@ -1,4 +1,4 @@
-"""Parallel backends: one interface for no wrapper, DataParallel, DDP, FSDP1 and FSDP2.
+"""Parallel backends: one interface for no wrapper, DataParallel, DDP, FSDP1, FSDP2 and DeepSpeed.
 
 Also the rank queries, collectives and helpers a training script uses under torchrun
 (re-exported by :mod:`perfora.distributed`, the public namespace).
@@ -14,6 +14,7 @@ from .collectives import (
     rank,
     world_size,
 )
+from .deepspeed import DeepSpeedSpec, wrap_deepspeed
 from .factory import backend_of
 from .fingerprint import RankMismatchError, check_same_structure, structure_fingerprint
 from .fsdp1 import FSDP1Spec, wrap_fsdp1
@@ -28,4 +29,5 @@ __all__ = ["ParallelBackend", "backend_of",
            "RankMismatchError", "check_same_structure", "structure_fingerprint",
            "FSDP1Spec", "FSDP2Spec", "full_state_dict", "is_fsdp1", "is_fsdp2", "shard_fsdp2",
            "wrap_fsdp1", "init_from_env", "print0", "set_epoch",
-           "WrapperSpec", "ddp_kwargs_of", "wrap_ddp", "wrapper_spec"]
+           "WrapperSpec", "ddp_kwargs_of", "wrap_ddp", "wrapper_spec",
+           "DeepSpeedSpec", "wrap_deepspeed"]

@@ -51,6 +51,12 @@ class ParallelBackend(Protocol):
     def check_rule(self, rule: str) -> None:
         """Refuse a learning rule this backend cannot run (ParallelError)."""
 
+    def check_config(self, config: Any) -> None:
+        """Refuse settings this backend cannot run (ParallelError)."""
+
+    def check_load(self) -> None:
+        """Refuse a checkpoint load into the model (ParallelError naming what to do)."""
+
     def edit_layers(self, model: nn.Module, edit: LayerEdit) -> nn.Module:
         """Apply ``edit(index, path, layer)`` to every dendritic layer (sorted by path);
         returns the model to re-wrap (a collective when sharded)."""
@@ -111,6 +117,12 @@ class ReplicatedBackend:
 
     def check_rule(self, rule: str) -> None:
         """Every rule runs on a replicated model."""
+
+    def check_config(self, config: Any) -> None:
+        """Every setting runs on a replicated model."""
+
+    def check_load(self) -> None:
+        """Checkpoints load into a replicated model."""
 
     def edit_layers(self, model: nn.Module, edit: LayerEdit) -> nn.Module:
         """Edit each layer in place; the model itself."""
@@ -196,6 +208,12 @@ class ShardedBackend:
                 tensors: Mapping[str, torch.Tensor], prepare: Prepare) -> nn.Module:
         """Unshard into a whole copy, rebuild its structure and load the tensors."""
         return restore_in_place(self.unshard(model), structure, tensors, prepare)
+
+    def check_config(self, config: Any) -> None:
+        """Every setting runs on a sharded model."""
+
+    def check_load(self) -> None:
+        """Checkpoints load into a sharded model (gathered or shard by shard)."""
 
     def check_rule(self, rule: str) -> None:
         """Only 'gd': other rules change parameters outside a restructure."""

@@ -6,6 +6,7 @@ from torch import nn
 
 from .base import ParallelBackend
 from .ddp import DDPBackend
+from .deepspeed import DeepSpeedBackend, DeepSpeedSpec
 from .dp import DataParallelBackend
 from .fsdp1 import FSDP1Backend, FSDP1Spec
 from .fsdp2 import FSDP2Backend, FSDP2Spec
@@ -21,6 +22,8 @@ def backend_of(model: nn.Module) -> ParallelBackend:
     spec = wrapper_spec(model)
     if spec is None:
         return NoWrapperBackend()
+    if isinstance(spec, DeepSpeedSpec):
+        return DeepSpeedBackend(spec)
     if isinstance(spec, FSDP2Spec):
         return FSDP2Backend(spec)
     if isinstance(spec, FSDP1Spec):

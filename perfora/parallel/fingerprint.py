@@ -26,7 +26,7 @@ def structure_fingerprint(model: nn.Module) -> dict[str, Any]:
     return {
         "dendrites": {path: layer.num_dendrites
                       for path, layer in sorted(dendritic_layers(inner).items())},
-        "params": [[name, list(p.shape), bool(p.requires_grad)]
+        "params": [[name, list(getattr(p, "ds_shape", p.shape)), bool(p.requires_grad)]
                    for name, p in inner.named_parameters()],
         "fed_neurons": {path: layer.set_neurons()
                         for path, layer in sorted(dendritic_layers(inner).items())

@@ -18,6 +18,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from ..errors import OrderError, ParallelError
+from .deepspeed import DeepSpeedSpec, is_deepspeed_engine
 from .fsdp1 import FSDP1Spec
 from .fsdp2 import FSDP2Spec
 from .sharded_state import _SPEC_ATTR
@@ -102,11 +103,24 @@ def ddp_kwargs_of(ddp: DistributedDataParallel) -> dict[str, Any]:
     return _accepted(kw)
 
 
-def wrapper_spec(model: nn.Module) -> WrapperSpec | FSDP2Spec | FSDP1Spec | None:
+def wrapper_spec(model: nn.Module
+                 ) -> WrapperSpec | FSDP2Spec | FSDP1Spec | DeepSpeedSpec | None:
     """How ``model``'s outer wrapper was built (None for a bare module)."""
     spec = getattr(model, _SPEC_ATTR, None)
-    if isinstance(spec, WrapperSpec | FSDP2Spec | FSDP1Spec):
+    if isinstance(spec, WrapperSpec | FSDP2Spec | FSDP1Spec | DeepSpeedSpec):
         return spec
+    if is_deepspeed_engine(model):
+        raise ParallelError(
+            "this DeepSpeed engine was built with deepspeed.initialize, not through perfora: "
+            "perfora cannot rebuild it after adding dendrites (it would need the optimizer "
+            "recipe, and the engine's parameter partitions and hooks cover only the old "
+            "parameters). Build it with perfora.wrap_deepspeed(model, config, "
+            "optimizer=<class>, optimizer_args={...}) instead")
+    if any(hasattr(p, "ds_id") for p in model.parameters()):
+        raise ParallelError(
+            "this model's parameters are partitioned by DeepSpeed (deepspeed.zero.Init or an "
+            "engine perfora did not build): perfora cannot grow them in place. Build the "
+            "model without zero.Init, perforate it and wrap it with perfora.wrap_deepspeed")
     if isinstance(model, DistributedDataParallel):
         hooks = list(getattr(model, "_comm_hooks", []))
         return WrapperSpec(DDP_KIND, ddp_kwargs_of(model), hooks)

@@ -1,0 +1,286 @@
+"""Growth under DeepSpeed ZeRO-3 (and ZeRO-2, ZeRO-0) through ``perfora.wrap_deepspeed``: 2 real
+CPU ranks (gloo, ``DS_ACCELERATOR=cpu``), every scenario in one launch (DeepSpeed's start-up
+costs seconds per process). The join has a deadline, so a hang fails the test.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from ranks import run_world
+from torch import nn
+
+import perfora
+from perfora.checkpoint import load_checkpoint
+
+pytest.importorskip("deepspeed")
+
+WORLD = 2
+STAGES = (3, 2, 0)
+STEPS = 2
+LR = 0.1
+
+
+def make_model() -> nn.Module:
+    torch.manual_seed(0)
+    return perfora.perforate(nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3)))
+
+
+def data(epoch: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The global batch: rank r trains on rows r::WORLD (equal halves)."""
+    g = torch.Generator().manual_seed(100 * epoch + step)
+    return torch.randn(16, 6, generator=g), torch.randint(0, 3, (16,), generator=g)
+
+
+def probe() -> torch.Tensor:
+    return torch.randn(5, 6, generator=torch.Generator().manual_seed(99))
+
+
+def settings() -> dict:
+    return {"n_epochs_to_switch": 2, "max_dendrites": 2, "dendrite_init": "default",
+            "write_files": False}
+
+
+# the score sequence: best at epoch 2 (no dendrites yet), growth at the plateau, best again
+# after the first set, growth again, then completion rewinds to the best (one set)
+SCORES = [0.5, 0.6, 0.6, 0.6, 0.7, 0.8, 0.8, 0.8, 0.75, 0.75, 0.75, 0.75, 0.75, 0.75]
+
+
+def run_plain() -> dict:
+    """The unsharded run of the same seeds and data: the reference."""
+    model = make_model()
+    ctl = perfora.GrowthController(model, **settings())
+    ctl.set_optimizer(torch.optim.SGD, lr=LR)
+    opt, _ = ctl.build_optimizer()
+    events = []
+    for epoch, score in enumerate(SCORES):
+        for step in range(STEPS):
+            x, y = data(epoch, step)
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+        decision = ctl.step(score)
+        events.append(decision.action)
+        if decision.restructured or decision.complete:
+            opt = decision.optimizer
+        if decision.complete:
+            break
+    return {"events": events, "state": {k: v.clone() for k, v in model.state_dict().items()}}
+
+
+def _flat(state: dict[str, torch.Tensor]) -> torch.Tensor:
+    return torch.cat([v.detach().reshape(-1).float() for _, v in sorted(state.items())])
+
+
+def _rank_diff(state: dict[str, torch.Tensor]) -> float:
+    flat = _flat(state)
+    gathered = [torch.zeros_like(flat) for _ in range(WORLD)]
+    dist.all_gather(gathered, flat)
+    return max((g - gathered[0]).abs().max().item() for g in gathered)
+
+
+def _no_shm_op() -> None:
+    """DeepSpeed's CPU accelerator builds a C++ shared-memory op at start-up; gloo is enough."""
+    import importlib
+
+    importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
+
+
+def wrap(model: nn.Module, stage: int, **extra: dict) -> nn.Module:
+    """``wrap_deepspeed`` with ZeRO ``stage`` and plain SGD."""
+    config = {"train_micro_batch_size_per_gpu": 8, "zero_optimization": {"stage": stage},
+              "zero_allow_untested_optimizer": True, "steps_per_print": 10**9, **extra}
+    return perfora.wrap_deepspeed(model, config, optimizer=torch.optim.SGD,
+                                  optimizer_args={"lr": LR})
+
+
+def _record_gathers() -> list[int]:
+    """Record how many values each ZeRO-3 gather by perfora brings together."""
+    from perfora.parallel import zero3
+
+    sizes: list[int] = []
+    gathered = zero3._gathered
+
+    def recording(params: list) -> object:
+        sizes.append(sum(int(p.ds_numel) for p in params))
+        return gathered(params)
+
+    zero3._gathered = recording
+    return sizes
+
+
+def run_deepspeed(rank: int, stage: int, tmp: Path) -> dict:
+    """The same run under ZeRO ``stage``: growth checked at every restructure."""
+    gathers = _record_gathers()
+    engine = wrap(make_model(), stage)
+    ctl = perfora.GrowthController(engine, **settings())
+    hooks = [_hooks(engine)]
+    # the first engine's (partitions of the) parameters, flattened: stage 0 has no flat buffer
+    flat = weakref.ref(_flat_buffer(engine) if stage else torch.empty(0))
+    freed = None
+    out_change, engines, best, best_full, retired_refused = [], [engine], None, None, None
+    events = []
+    for epoch, score in enumerate(SCORES):
+        engine.train()
+        for step in range(STEPS):
+            x, y = data(epoch, step)
+            loss = nn.functional.cross_entropy(engine(x[rank::WORLD]), y[rank::WORLD])
+            engine.backward(loss)
+            engine.step()
+        engine.eval()
+        with torch.no_grad():
+            before = engine(probe())
+        previous_best = ctl._best  # replaced whenever a new best is snapshotted
+        decision = ctl.step(score, model=engine)
+        events.append(decision.action)
+        if decision.action == "restructure":
+            if retired_refused is None:  # the replaced engine may not be reported again
+                try:
+                    ctl.step(score, model=engine)
+                    retired_refused = False
+                except perfora.OrderError:
+                    retired_refused = True
+            engine = decision.model
+            engines.append(engine)
+            hooks.append(_hooks(engine))
+            freed = flat() is None if freed is None else freed
+            with torch.no_grad():
+                out_change.append((engine(probe()) - before).abs().max().item())
+        if ctl._best is not previous_best and decision.action == "continue":
+            best = ctl.best_snapshot  # a collective under ZeRO-3: every rank
+            best_full = {k: v.clone() for k, v in ctl.backend.full_state(engine).items()}
+        if decision.complete:
+            engine = decision.model
+            break
+    final = ctl.backend.full_state(engine)
+    assert best is not None and best_full is not None
+    best_diff = max((final[k] - best_full[k]).abs().max().item() for k in best_full) \
+        if set(final) == set(best_full) else float("inf")
+    snapshot_diff = max((best[1][k] - best_full[k]).abs().max().item() for k in best_full)
+    optimizer_is_engines = ctl.optimizer is engine.optimizer
+    files = _checkpoint(ctl, engine, stage, tmp / f"zero{stage}.safetensors")
+    plain = run_plain()
+    plain_diff = max((final[k] - plain["state"][k]).abs().max().item()
+                     for k in plain["state"]) if set(final) == set(plain["state"]) else None
+    return {"events": events, "plain_events": plain["events"], "out_change": out_change,
+            "rank_diff": _rank_diff(final), "plain_diff": plain_diff, "best_diff": best_diff,
+            "snapshot_diff": snapshot_diff, **files,
+            "dendrites": ctl.num_dendrites, "engines_distinct": len({id(e) for e in engines}),
+            "partitioned": all(hasattr(p, "ds_id") for p in engine.module.parameters()),
+            "file_keys": sorted(load_checkpoint(files["path"]).tensors["model"])
+            == sorted(final),
+            "largest_gather": max(gathers, default=0),
+            "hooks": hooks, "old_buffers_freed": freed, "retired_refused": retired_refused,
+            "optimizer_is_engines": optimizer_is_engines}
+
+
+def _checkpoint(ctl: perfora.GrowthController, engine: nn.Module, stage: int, path: Path
+                ) -> dict:
+    """Save; load into a plain model; under ZeRO-3 the refused load and its workaround (load
+    into the plain model, then wrap), under ZeRO-2 ``controller.load`` itself."""
+    ctl.save(path)
+    dist.barrier()
+    engine.eval()
+    with torch.no_grad():
+        out = engine(probe())
+    reloaded = make_model()
+    perfora.load_model(reloaded, path)
+    sizes = {"largest_layer": max(sum(p.numel() for p in layer.parameters())
+                                  for layer in perfora.dendritic_layers(reloaded).values()),
+             "model_size": sum(p.numel() for p in reloaded.parameters())}
+    with torch.no_grad():
+        reloaded_diff = (reloaded(probe()) - out).abs().max().item()
+    if stage == 3:
+        try:
+            ctl.load(path)
+            load_refused = False
+        except perfora.ParallelError as exc:
+            load_refused = "load_model" in str(exc)
+        loaded = wrap(reloaded, stage)  # the workaround the refusal names
+    else:
+        load_refused = None
+        loaded = ctl.load(path).model
+    loaded.eval()
+    with torch.no_grad():
+        loaded_diff = (loaded(probe()) - out).abs().max().item()
+    return {"path": str(path), "reloaded_diff": reloaded_diff, "loaded_diff": loaded_diff,
+            "load_refused": load_refused, **sizes}
+
+
+def _flat_buffer(engine: nn.Module) -> torch.Tensor:
+    """The engine's flat buffer of (this rank's partitions of) the parameters."""
+    optimizer = engine.optimizer
+    groups = getattr(optimizer, "fp16_partitioned_groups_flat", None) or \
+        getattr(optimizer, "bit16_groups_flat", None)
+    return groups[0]
+
+
+def _hooks(engine: nn.Module) -> int:
+    """Hooks on the model's modules: the retired engines' must all be gone."""
+    return sum(len(m._forward_pre_hooks) + len(m._forward_hooks) + len(m._backward_hooks)
+               for m in engine.module.modules())
+
+
+def run_bf16(rank: int) -> dict:
+    """ZeRO-3 with bf16 weights: grown layers keep the engine's dtype, outputs unchanged."""
+    engine = wrap(make_model(), 3, bf16={"enabled": True})
+    ctl = perfora.GrowthController(engine, **settings())
+    changes = []
+    for epoch in range(2):
+        x, y = data(epoch, 0)
+        loss = nn.functional.cross_entropy(engine(x[rank::WORLD].bfloat16()).float(),
+                                           y[rank::WORLD])
+        engine.backward(loss)
+        engine.step()
+        with torch.no_grad():
+            before = engine(probe().bfloat16())
+            engine = ctl.add_dendrites().model
+            changes.append((engine(probe().bfloat16()) - before).abs().max().item())
+    return {"out_change": changes, "rank_diff": _rank_diff(ctl.backend.full_state(engine)),
+            "dtypes": sorted({str(p.ds_tensor.dtype) for p in engine.module.parameters()})}
+
+
+def scenarios(rank: int, world: int, tmp: str) -> dict:
+    os.environ.update(DS_ACCELERATOR="cpu", LOCAL_RANK=str(rank), RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world))
+    _no_shm_op()
+    return {**{f"zero{stage}": run_deepspeed(rank, stage, Path(tmp)) for stage in STAGES},
+            "bf16": run_bf16(rank)}
+
+
+@pytest.mark.timeout(120)
+def test_zero3_zero2_zero0_growth_rewind_checkpoint(tmp_path: Path) -> None:
+    """Outputs unchanged by growth, ranks identical after two restructures, the plain run's
+    parameters, the rewind restores the best weights, the file loads into a plain model."""
+    results = run_world(scenarios, tmp_path / "job", WORLD, str(tmp_path), join_s=110)
+    for stage in [f"zero{s}" for s in STAGES]:
+        r0 = results[0][stage]
+        assert r0["events"] == r0["plain_events"]
+        assert r0["events"].count("restructure") == 2 and r0["events"][-1] == "complete"
+        assert max(r0["out_change"]) < 1e-6
+        for r in results:
+            assert r[stage]["rank_diff"] == 0.0
+            assert r[stage]["plain_diff"] is not None and r[stage]["plain_diff"] < 1e-5
+            assert r[stage]["best_diff"] < 1e-6 and r[stage]["snapshot_diff"] < 1e-6
+            assert r[stage]["reloaded_diff"] < 1e-6 and r[stage]["loaded_diff"] < 1e-6
+            assert r[stage]["file_keys"]
+        assert r0["dendrites"] == 1
+        assert r0["engines_distinct"] == 3
+        assert r0["retired_refused"] and r0["optimizer_is_engines"]
+        # the retired engine's buffers are freed at once (the old engine object is still
+        # referenced here), not at the next garbage collection
+        assert r0["old_buffers_freed"]
+        # each new engine registers its hooks once: the retired ones' are gone
+        assert r0["hooks"][1] == r0["hooks"][2] <= r0["hooks"][0]
+    for r in results:
+        assert r["bf16"]["out_change"] == [0.0, 0.0] and r["bf16"]["rank_diff"] == 0.0
+        assert r["bf16"]["dtypes"] == ["torch.bfloat16"]
+    z3 = results[0]["zero3"]
+    assert z3["partitioned"] and z3["load_refused"]
+    # growth, the rewind and the checkpoint file gathered one layer at a time, never the model
+    assert 0 < z3["largest_gather"] <= z3["largest_layer"] < z3["model_size"]
