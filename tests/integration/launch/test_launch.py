@@ -21,7 +21,8 @@ from perfora.cli.launch import (
 )
 from perfora.errors import ConfigError
 
-# the tests here share module-scoped runs: keep them on one pytest-xdist worker
+# the tests here share module-scoped runs: keep them on one pytest-xdist worker (a test
+# that shares none gets a group of its own as well, so that xdist can balance the workers)
 pytestmark = pytest.mark.xdist_group("test_launch")
 
 ROOT = ROOT
@@ -101,6 +102,7 @@ def test_rank_killed_mid_epoch_resumes_from_latest_and_matches_uninterrupted(
     assert crashed["params"] == _params(uninterrupted[0] / "res", 0)["params"]
 
 
+@pytest.mark.xdist_group("too_many_failures")
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_too_many_failures_stop_with_nonzero_exit_and_message(tmp_path: Path) -> None:
@@ -114,6 +116,7 @@ def test_too_many_failures_stop_with_nonzero_exit_and_message(tmp_path: Path) ->
     assert "attempt 3" not in proc.stdout
 
 
+@pytest.mark.xdist_group("clean_exit")
 @pytest.mark.timeout(200)
 def test_clean_exit_without_progress_is_an_error_not_an_endless_loop(tmp_path: Path) -> None:
     proc = _launch(["--nproc-per-node", "1", "--save-name", "RUN", "--attempt-timeout", "120",
@@ -168,6 +171,7 @@ def _alive(pid: int) -> bool:
     return not (stat.is_file() and stat.read_text().split(") ")[-1].startswith("Z"))
 
 
+@pytest.mark.xdist_group("hanging")
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_hanging_attempt_is_stopped_with_its_workers_and_counted_as_failure(

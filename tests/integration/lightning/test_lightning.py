@@ -25,7 +25,8 @@ from perfora.lightning import DendriteGrowth, prime_optimizer_state
 sys.path.insert(0, str(SCRIPTS / "lightning"))
 from run_digits import DigitsNet, digits_loaders  # noqa: E402
 
-# the tests here share module-scoped runs: keep them on one pytest-xdist worker
+# the tests here share module-scoped runs: keep them on one pytest-xdist worker (a test
+# that shares none gets a group of its own as well, so that xdist can balance the workers)
 pytestmark = pytest.mark.xdist_group("test_lightning")
 
 ROOT = ROOT
@@ -90,6 +91,7 @@ def test_ddp_grows_keeps_ranks_identical_and_completion_stops_the_fit(runs):
     assert (out / "perfora" / "metrics.csv").exists()
 
 
+@pytest.mark.xdist_group("negative_control")
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_negative_control_without_a_new_ddp_wrapper_the_ranks_diverge(tmp_path):
@@ -167,6 +169,7 @@ def test_a_grown_two_device_checkpoint_resumes_on_one_device(runs, strategy, tmp
     assert resumed["sharded"] == (strategy == "model_parallel")
 
 
+@pytest.mark.xdist_group("ddp_spawn")
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_ddp_spawn_hands_the_grown_model_back_to_the_launching_process(tmp_path):
@@ -177,6 +180,7 @@ def test_ddp_spawn_hands_the_grown_model_back_to_the_launching_process(tmp_path)
     assert main["params"]["net.2.out_weight"].abs().sum() > 0  # trained values, not zeros
 
 
+@pytest.mark.xdist_group("selective_bf16")
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_selective_growth_with_bf16_mixed_and_accumulation_stays_in_sync(tmp_path):
@@ -278,6 +282,7 @@ def test_primed_adam_takes_the_same_first_step_as_a_fresh_one():
     assert torch.equal(a, b)
 
 
+@pytest.mark.xdist_group("example")
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_the_example_grows_dendrites_that_beat_the_baseline(tmp_path):
