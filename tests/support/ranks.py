@@ -4,7 +4,7 @@ Each job gets its own folder for the store and the results, and a join deadline,
 fails the test. The ranks are forked from a forkserver that has imported torch, perfora and
 the calling test module once per pytest worker (spawning imported them again for every job,
 which cost more than most jobs' work), and a rank that finished leaves with ``os._exit``
-after the final barrier instead of tearing the interpreter down.
+after the final barrier instead of tearing the group and the interpreter down.
 """
 
 from __future__ import annotations
@@ -36,11 +36,14 @@ def _entry(rank: int, fn: Callable, job: str, world: int, args: tuple, pass_fold
         Path(job, f"result_{rank}.json").write_text(json.dumps(result))
         dist.barrier()
         Path(job, f"done_{rank}").touch()  # every rank finished its work and its results
-    finally:
+    except BaseException:
         dist.destroy_process_group()
+        raise
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)  # results are written: skip the slow interpreter teardown
+    # results are written and every rank passed the barrier: leave without tearing down the
+    # group or the interpreter (slow, and gloo's teardown can wait on a peer that is gone)
+    os._exit(0)
 
 
 def _start_method(fn: Callable) -> str:

@@ -222,10 +222,11 @@ def main() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.barrier()  # both ranks have written their records: leave together
         (out / f"exit_ok_{rank}").touch()
-        dist.destroy_process_group()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)  # everything is written: skip the slow interpreter teardown
+    # everything is written: leave without tearing down the group or the interpreter
+    # (slow, and gloo's teardown can wait forever on a peer that has already exited)
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -61,15 +61,15 @@ def main() -> None:
         "actions": actions, "dendrites": ctl.num_dendrites, "digest": digest.hexdigest(),
         "newest_set_trained": bool(
             perfora.dendritic_layers(model)["0"].out_weight[-1].detach().abs().sum() > 0)}))
-    # leave the process group before exiting: gloo threads torn down at interpreter exit
-    # can abort a rank ("terminate called without an active exception")
+    # meet at a barrier so that no rank leaves while the other still talks to it; the
+    # process then leaves with os._exit, without tearing the group down (gloo's
+    # destroy_process_group can wait forever on a peer that has already exited)
     torch.distributed.barrier()
-    torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
     main()
-    # the results are written and the group is left; skip the interpreter's teardown, where
+    # the results are written and every rank passed the barrier; skip the teardown, where
     # torch's gloo threads occasionally abort a rank on this machine ("terminate called
     # without an active exception") after the run has finished
     sys.stdout.flush()
