@@ -58,11 +58,6 @@ LOAD_REFUSED = (
     "GrowthController(engine) (its history starts afresh)")
 
 
-def is_deepspeed_engine(model: nn.Module) -> bool:
-    """True for a DeepSpeed engine (any subclass), without importing DeepSpeed."""
-    return any(cls.__name__ == "DeepSpeedEngine" for cls in type(model).__mro__)
-
-
 @dataclass
 class DeepSpeedSpec:
     """How to build the engine again: config, optimizer and scheduler recipes, arguments."""

@@ -115,14 +115,24 @@ def check_model_parameters(model_parameters: Any) -> None:
                             "dendrites")
 
 
+def is_deepspeed_engine(model: nn.Module) -> bool:
+    """True for a DeepSpeed engine (any subclass), without importing DeepSpeed."""
+    return any(cls.__name__ == "DeepSpeedEngine" for cls in type(model).__mro__)
+
+
+def is_partitioned(model: nn.Module) -> bool:
+    """True when DeepSpeed partitioned any of the parameters (``zero.Init`` or an engine)."""
+    return any(hasattr(p, "ds_id") for p in model.parameters())
+
+
 def check_model(model: nn.Module) -> None:
     """Refuse a model whose parameters DeepSpeed already partitioned (``zero.Init``) or an
     engine (perfora builds the engine itself)."""
-    if any(type(m).__name__ == "DeepSpeedEngine" for m in model.modules()):
+    if any(is_deepspeed_engine(m) for m in model.modules()):
         raise ParallelError("wrap_deepspeed got a DeepSpeed engine: give it the perforated "
                             "model itself; perfora calls deepspeed.initialize (and again "
                             "after every restructure)")
-    if any(hasattr(p, "ds_id") for p in model.parameters()):
+    if is_partitioned(model):
         raise ParallelError(
             "the model's parameters are already partitioned by DeepSpeed (built under "
             "deepspeed.zero.Init): perforate and wrap a model built without zero.Init; "

@@ -18,7 +18,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from ..errors import OrderError, ParallelError
-from .deepspeed import DeepSpeedSpec, is_deepspeed_engine
+from .deepspeed import DeepSpeedSpec
+from .deepspeed_config import is_deepspeed_engine, is_partitioned
 from .fsdp1 import FSDP1Spec
 from .fsdp2 import FSDP2Spec
 from .sharded_state import _SPEC_ATTR
@@ -116,7 +117,7 @@ def wrapper_spec(model: nn.Module
             "recipe, and the engine's parameter partitions and hooks cover only the old "
             "parameters). Build it with perfora.wrap_deepspeed(model, config, "
             "optimizer=<class>, optimizer_args={...}) instead")
-    if any(hasattr(p, "ds_id") for p in model.parameters()):
+    if is_partitioned(model):
         raise ParallelError(
             "this model's parameters are partitioned by DeepSpeed (deepspeed.zero.Init or an "
             "engine perfora did not build): perfora cannot grow them in place. Build the "
