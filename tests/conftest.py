@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 # Shared helpers (tests/support: paths, torchrun jobs, the codemod runner) import by name.
 sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
@@ -25,3 +28,22 @@ os.environ.setdefault("MKL_NUM_THREADS", "1")
 import torch  # noqa: E402  (after the thread settings, which torch reads at import)
 
 torch.set_num_threads(1)
+
+from script_server import ScriptServer  # noqa: E402
+
+# The imports training scripts need, done once in a warm server per pytest worker that forks
+# each script's ranks (tests/support/script_server.py); optional packages that are missing
+# are left out, and their tests skip.
+SERVER_PRELOAD = ["torch", "torch.distributed", "torch.distributed.fsdp",
+                  "torch.distributed.checkpoint", "perfora", "perfora.compat",
+                  "perfora.lightning", "lightning.pytorch", "lightning.fabric",
+                  "sklearn.datasets", "matplotlib.pyplot", "transformers", "accelerate",
+                  "perfora.integrations.transformers", "perfora.integrations.accelerate",
+                  "perfora.integrations.fabric"]
+
+
+@pytest.fixture(scope="session")
+def script_server() -> Iterator[ScriptServer]:
+    """Runs scripts as ``python script.py`` or torchrun would, without their import cost."""
+    with ScriptServer(SERVER_PRELOAD) as server:
+        yield server

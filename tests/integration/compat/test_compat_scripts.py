@@ -1,5 +1,6 @@
 """Scripts written for the PerforatedAI API, following the seed's recipes literally, run on
-perfora with only the two imports swapped (tests/scripts/compat/), in real subprocesses.
+perfora with only the two imports swapped (tests/scripts/compat/), each run in a process of
+its own (forked from the warm script server, as ``python script.py`` runs it).
 
 Single process to training_complete; the seed's restart workflow (exit after each
 restructure, reload the highest switch_N) giving the same model as an uninterrupted run;
@@ -10,8 +11,6 @@ covers DataParallel without it).
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,7 @@ import torch
 from paths import SCRIPTS
 from safetensors import safe_open
 from safetensors.torch import load_file
+from script_server import ScriptServer
 from torch import nn
 
 from perfora import dendritic_layers
@@ -30,15 +30,18 @@ SCRIPTS = SCRIPTS / "compat"
 TIMEOUT = 120
 
 
-def run(script: str, cwd: Path, *args: str) -> tuple[int, str, dict | None]:
+@pytest.fixture
+def run(script_server: ScriptServer):
     """Run a compat script (stdin closed: nothing may prompt); returns rc, output, last JSON."""
-    proc = subprocess.run([sys.executable, str(SCRIPTS / script), *args], cwd=cwd,
-                          stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                          timeout=TIMEOUT)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    return proc.returncode, out, json.loads(lines[-1]) if lines else None
+
+    def run_script(script: str, cwd: Path, *args: str) -> tuple[int, str, dict | None]:
+        done = script_server.run(SCRIPTS / script, *args, cwd=cwd, timeout=TIMEOUT)
+        out = done.log()
+        assert done.ok, out
+        lines = [ln for ln in out.splitlines() if ln.startswith("{")]
+        return 0, out, json.loads(lines[-1]) if lines else None
+
+    return run_script
 
 
 def assert_safetensors(path: Path) -> None:
@@ -68,7 +71,7 @@ def reload_best(folder: Path, probe_seed: int) -> torch.Tensor:
 
 
 @pytest.mark.timeout(300)
-def test_single_process_script_reaches_complete_and_restart_workflow_matches(tmp_path):
+def test_single_process_script_reaches_complete_and_restart_workflow_matches(tmp_path, run):
     _, _, result = run("seed_single.py", tmp_path, "--save_name", "RUN")
     assert result["complete"] and result["restructures"] >= 1
     folder = tmp_path / "RUN"
@@ -97,7 +100,7 @@ def test_single_process_script_reaches_complete_and_restart_workflow_matches(tmp
 
 
 @pytest.mark.timeout(300)
-def test_dataparallel_two_step_recipe(tmp_path):
+def test_dataparallel_two_step_recipe(tmp_path, run):
     _, out, _ = run("seed_dataparallel.py", tmp_path, "--save_name", "DP",
                     "--perforate_model_parallel")
     assert "Initialization complete" in out

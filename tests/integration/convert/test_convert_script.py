@@ -5,7 +5,7 @@ Every regular script is converted in both modes; the diff is checked for the see
 compat mode the zero-filled gradients strictly between zero_grad() and backward()),
 idempotence, kept comments and arguments; the converted scripts then really run on CPU and
 must grow dendrites, read back from the run files they write: each in its own process(es)
-forked by tests/convert_runner.py (the DDP ones as 2 gloo ranks with torchrun's environment),
+forked from a warm script server (the DDP ones as 2 gloo ranks with torchrun's environment),
 a few with plain `python script.py`, and one DDP script under `perfora launch` (which starts
 torch.distributed.run). Irregular scripts keep their irregular part and get line-numbered
 instructions.
@@ -16,7 +16,6 @@ from __future__ import annotations
 import csv
 import functools
 import io
-import json
 import os
 import re
 import shutil
@@ -30,7 +29,8 @@ import pytest
 
 pytest.importorskip("libcst", reason="perfora convert needs libcst (the dev extra has it)")
 
-from paths import ROOT, SCRIPTS, TESTS
+from paths import ROOT, SCRIPTS
+from script_server import ScriptServer
 
 from perfora import convert_source  # noqa: E402
 from perfora.cli import main  # noqa: E402
@@ -40,7 +40,6 @@ pytestmark = pytest.mark.xdist_group("test_convert_script")
 
 CORPUS = SCRIPTS / "convert_corpus"
 ROOT = ROOT
-RUNNER = TESTS / "support" / "convert_runner.py"
 IRREGULAR = sorted(p.stem for p in CORPUS.glob("irregular_*.py"))
 REGULAR = sorted(p.stem for p in CORPUS.glob("*.py") if p.stem not in IRREGULAR)
 DDP = {"ddp_torchrun", "ddp_main_fn"}
@@ -426,51 +425,36 @@ class Run:
 
 
 @pytest.fixture(scope="module")
-def runs(request, tmp_path_factory):
-    """Run every converted script the session selected, in two runner processes (2 cores).
-
-    tests/convert_runner.py forks one process per rank (2 with torchrun's environment for
-    the DDP scripts) and runs the script in it as __main__ after importing torch once.
-    """
+def runs(request, tmp_path_factory, script_server):
+    """Run every converted script the session selected, half of them on the shared script
+    server and half on a second one started here (2 cores): each rank a process forked
+    from a warm interpreter (2 with torchrun's environment for the DDP scripts) that runs
+    the script as __main__."""
     wanted = {(item.callspec.params["name"], item.callspec.params["mode"])
               for item in request.session.items
               if item.originalname == "test_converted_script_runs_and_grows"}
     wanted |= {RESUMED[item.originalname] for item in request.session.items
                if item.originalname in RESUMED}
     base = tmp_path_factory.mktemp("converted_runs")
-    jobs = []
-    for name, mode in sorted(wanted, key=lambda k: (k[0] not in DDP, k)):
-        workdir = base / f"{mode}_{name}"
-        workdir.mkdir()
-        path = workdir / f"{name}.py"
-        path.write_text(converted(name, mode).output)
-        jobs.append({"id": f"{mode}_{name}", "script": str(path), "cwd": str(workdir),
-                     "argv": list(EPOCH_ARGS.get(name, [] if name in EPOCH_ENV
-                                                 else ["--epochs", str(EPOCHS)])),
-                     "env": {"EPOCHS": str(EPOCHS)} if name in EPOCH_ENV else {},
-                     "ranks": 2 if name in DDP else 1, "timeout": RUN_TIMEOUT})
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
-    procs = []
-    for half in (jobs[0::2], jobs[1::2]):
-        if not half:
-            continue
-        job_file = base / f"jobs_{len(procs)}.json"
-        job_file.write_text(json.dumps(half))
-        result_file = base / f"results_{len(procs)}.json"
-        procs.append((subprocess.Popen([sys.executable, str(RUNNER), str(job_file),
-                                        str(result_file)], env=env, cwd=base,
-                                       stdin=subprocess.DEVNULL), result_file))
-    codes: dict[str, list[int]] = {}
-    try:
-        for proc, result_file in procs:
-            assert proc.wait(timeout=RUN_TIMEOUT * len(jobs)) == 0, "the runner failed"
-            codes.update(json.loads(result_file.read_text()))
-    finally:
-        for proc, _ in procs:
-            if proc.poll() is None:
-                proc.kill()
-    return {key: Run(codes[f"{key[1]}_{key[0]}"], base / f"{key[1]}_{key[0]}")
-            for key in wanted}
+    done: dict[tuple[str, str], Run] = {}
+    with ScriptServer(["torch", "torch.distributed", "perfora", "perfora.compat",
+                       "matplotlib.pyplot"]) as second:
+        servers = (script_server, second)
+        queued: list[list[tuple[str, str]]] = [[], []]
+        for i, (name, mode) in enumerate(sorted(wanted, key=lambda k: (k[0] not in DDP, k))):
+            workdir = base / f"{mode}_{name}"
+            workdir.mkdir()
+            path = workdir / f"{name}.py"
+            path.write_text(converted(name, mode).output)
+            argv = EPOCH_ARGS.get(name, [] if name in EPOCH_ENV else ["--epochs", str(EPOCHS)])
+            servers[i % 2].submit(path, *argv, cwd=workdir, ranks=2 if name in DDP else 1,
+                                  env={"EPOCHS": str(EPOCHS)} if name in EPOCH_ENV else {},
+                                  timeout=RUN_TIMEOUT)
+            queued[i % 2].append((name, mode))
+        for server, keys in zip(servers, queued):
+            for key in keys:
+                done[key] = Run(server.result().codes, base / f"{key[1]}_{key[0]}")
+    return done
 
 
 @pytest.mark.slow

@@ -17,6 +17,7 @@ import lightning.pytorch as pl
 import pytest
 import torch
 from paths import ROOT, SCRIPTS
+from script_server import ScriptServer
 
 import perfora
 from perfora.errors import ConfigError, PerforaError
@@ -34,20 +35,35 @@ SCRIPT = SCRIPTS / "lightning" / "run_digits.py"
 RUN_TIMEOUT = 240
 
 
-def run_fit(out: Path, *args: str, expect_ok: bool = True) -> subprocess.CompletedProcess:
-    """One ``trainer.fit`` in a fresh process group (2 CPU ranks unless told otherwise)."""
-    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-               OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    for name in ("MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "RANK", "WORLD_SIZE"):
-        env.pop(name, None)
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--out", str(out), *args], env=env,
-                          capture_output=True, text=True, timeout=RUN_TIMEOUT)
+LAUNCH_ENV = ("MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "RANK", "WORLD_SIZE")
+
+
+def run_fit(out: Path, *args: str, server: ScriptServer | None = None) -> None:
+    """One ``trainer.fit`` of run_digits.py in a fresh process group; it must succeed.
+
+    With ``server`` its ranks are forked from the warm script server as torchrun would start
+    them (2 CPU ranks unless ``--devices 1``; under ddp_spawn the launching process, which
+    spawns its own); without, ``python run_digits.py`` runs in a subprocess and Lightning's
+    ddp launcher re-executes the script for rank 1.
+    """
+    if server is not None:
+        ranks = 1 if "ddp_spawn" in args or "--devices" in args else 2
+        run = server.run(SCRIPT, "--out", out, *args, cwd=out, ranks=ranks, unset=LAUNCH_ENV,
+                         env={"PYTHONWARNINGS": "ignore"}, timeout=RUN_TIMEOUT)
+        codes, log = run.codes, run.logs
+    else:
+        env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+                   OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+        for name in LAUNCH_ENV:
+            env.pop(name, None)
+        proc = subprocess.run([sys.executable, str(SCRIPT), "--out", str(out), *args],
+                              env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT)
+        codes, log = [proc.returncode], proc.stderr
     # gloo may abort a process while it tears down, after both ranks passed the script's
     # final barrier (see test_ddp.run_ranks); an abort before that point still fails
-    torn_down = proc.returncode == -6 and all((out / f"exit_ok_{r}").exists() for r in (0, 1))
-    if expect_ok and proc.returncode != 0 and not torn_down:
-        raise AssertionError(f"fit failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    return proc
+    torn_down = all((out / f"exit_ok_{r}").exists() for r in (0, 1))
+    if not all(code == 0 or (code == -6 and torn_down) for code in codes):
+        raise AssertionError(f"fit failed ({codes}):\n{log[-3000:]}")
 
 
 def record(out: Path, name: str = "rank0") -> dict:
@@ -60,14 +76,17 @@ def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """Fits shared by several tests, each run once and only when a test asks for it."""
+def runs(tmp_path_factory, script_server):
+    """Fits shared by several tests, each run once and only when a test asks for it: the
+    DDP one as users start it (``python script.py``, Lightning's launcher), the others
+    forked from the script server."""
     base = tmp_path_factory.mktemp("lightning")
     done: dict[str, Path] = {}
 
     def get(name: str, *args: str) -> Path:
         if name not in done:
-            run_fit(base / name, *args)
+            run_fit(base / name, *args,
+                    server=None if name == "ddp_full" else script_server)
             done[name] = base / name
         return done[name]
 
@@ -94,8 +113,9 @@ def test_ddp_grows_keeps_ranks_identical_and_completion_stops_the_fit(runs):
 @pytest.mark.xdist_group("negative_control")
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_negative_control_without_a_new_ddp_wrapper_the_ranks_diverge(tmp_path):
-    run_fit(tmp_path, "--strategy", "ddp", "--max-epochs", "5", "--no-rewrap")
+def test_negative_control_without_a_new_ddp_wrapper_the_ranks_diverge(tmp_path, script_server):
+    run_fit(tmp_path, "--strategy", "ddp", "--max-epochs", "5", "--no-rewrap",
+            server=script_server)
     r0, r1 = record(tmp_path, "rank0"), record(tmp_path, "rank1")
     assert r0["num_dendrites"] == 1
     assert max_diff(r0["params"], r1["params"]) > 1e-4
@@ -103,13 +123,15 @@ def test_negative_control_without_a_new_ddp_wrapper_the_ranks_diverge(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-def test_resume_after_a_restructure_ends_identical_to_an_uninterrupted_run(runs, tmp_path):
+def test_resume_after_a_restructure_ends_identical_to_an_uninterrupted_run(runs, tmp_path,
+                                                                         script_server):
     full = record(runs("ddp_full", "--strategy", "ddp", "--max-epochs", "12", "--save-every-epoch"))
     assert full["events"][:3] == ["", "", "restructure"]
     # saved at the end of epoch 2, right after the first growth step
     ckpt = runs("ddp_full") / "ckpt" / "epoch2.ckpt"
     resumed_dir = tmp_path / "resumed"
-    run_fit(resumed_dir, "--strategy", "ddp", "--max-epochs", "12", "--ckpt-path", str(ckpt))
+    run_fit(resumed_dir, "--strategy", "ddp", "--max-epochs", "12", "--ckpt-path", str(ckpt),
+            server=script_server)
     resumed = record(resumed_dir)
     assert resumed["events"] == full["events"]
     assert resumed["global_step"] == full["global_step"]
@@ -131,7 +153,7 @@ def test_fsdp2_through_model_parallel_strategy_matches_ddp(runs):
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-def test_fsdp2_resume_from_a_distributed_checkpoint_ends_identical(runs, tmp_path):
+def test_fsdp2_resume_from_a_distributed_checkpoint_ends_identical(runs, tmp_path, script_server):
     full = record(runs("fsdp2", "--strategy", "model_parallel", "--max-epochs", "12",
                        "--save-every-epoch", "--dcp"))
     assert full["events"][:3] == ["", "", "restructure"]
@@ -139,7 +161,7 @@ def test_fsdp2_resume_from_a_distributed_checkpoint_ends_identical(runs, tmp_pat
     assert (ckpt / "meta.pt").exists()  # a folder of shards
     resumed_dir = tmp_path / "resumed"
     run_fit(resumed_dir, "--strategy", "model_parallel", "--max-epochs", "12",
-            "--ckpt-path", str(ckpt))
+            "--ckpt-path", str(ckpt), server=script_server)
     resumed = record(resumed_dir)
     assert resumed["sharded"] and resumed["events"] == full["events"]
     assert max_diff(resumed["params"], full["params"]) == 0.0
@@ -148,7 +170,8 @@ def test_fsdp2_resume_from_a_distributed_checkpoint_ends_identical(runs, tmp_pat
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("strategy", ["ddp", "model_parallel"])
-def test_a_grown_two_device_checkpoint_resumes_on_one_device(runs, strategy, tmp_path):
+def test_a_grown_two_device_checkpoint_resumes_on_one_device(runs, strategy, tmp_path,
+                                                            script_server):
     # DDP's one-file checkpoint and ModelParallel's distributed (DCP) one, each saved on 2
     # devices right after the first growth step (the end of epoch 2)
     if strategy == "ddp":
@@ -158,7 +181,7 @@ def test_a_grown_two_device_checkpoint_resumes_on_one_device(runs, strategy, tmp
                      "--save-every-epoch", "--dcp")
     saved = record(first)["epoch_params"][2]
     run_fit(tmp_path, "--strategy", strategy, "--devices", "1", "--max-epochs", "12",
-            "--ckpt-path", str(first / "ckpt" / "epoch2.ckpt"))
+            "--ckpt-path", str(first / "ckpt" / "epoch2.ckpt"), server=script_server)
     resumed = record(tmp_path)
     # the grown model came back whole: structure and every value as saved
     assert max_diff(resumed["start_params"], saved) == 0.0
@@ -172,8 +195,9 @@ def test_a_grown_two_device_checkpoint_resumes_on_one_device(runs, strategy, tmp
 @pytest.mark.xdist_group("ddp_spawn")
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_ddp_spawn_hands_the_grown_model_back_to_the_launching_process(tmp_path):
-    run_fit(tmp_path, "--strategy", "ddp_spawn", "--max-epochs", "7", "--prepare")
+def test_ddp_spawn_hands_the_grown_model_back_to_the_launching_process(tmp_path, script_server):
+    run_fit(tmp_path, "--strategy", "ddp_spawn", "--max-epochs", "7", "--prepare",
+            server=script_server)
     main = record(tmp_path, "main")
     assert main["main_layers"] == {"net.0": 2, "net.2": 2}
     assert main["params"]["net.2.out_weight"].shape == (2, 10)
@@ -183,12 +207,12 @@ def test_ddp_spawn_hands_the_grown_model_back_to_the_launching_process(tmp_path)
 @pytest.mark.xdist_group("selective_bf16")
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_selective_growth_with_bf16_mixed_and_accumulation_stays_in_sync(tmp_path):
+def test_selective_growth_with_bf16_mixed_and_accumulation_stays_in_sync(tmp_path, script_server):
     # one fit for three settings users combine: error-chosen partial sets, bf16-mixed
     # (a bf16 layer output meets float32 dendrite rows) and gradient accumulation
     run_fit(tmp_path, "--strategy", "ddp", "--max-epochs", "6", "--precision", "bf16-mixed",
             "--accumulate", "2", "--batch-size", "50", "--grow-fraction", "0.25",
-            "--dendrite-init", "error")
+            "--dendrite-init", "error", server=script_server)
     r0, r1 = record(tmp_path, "rank0"), record(tmp_path, "rank1")
     assert r0["num_dendrites"] == 2 and r0["events"][2] == r0["events"][5] == "restructure"
     assert r0["global_step"] == 6 * 7  # 14 micro-batches per epoch, one step per 2
@@ -285,17 +309,14 @@ def test_primed_adam_takes_the_same_first_step_as_a_fresh_one():
 @pytest.mark.xdist_group("example")
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_the_example_grows_dendrites_that_beat_the_baseline(tmp_path):
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    for name in ("MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "RANK", "WORLD_SIZE"):
-        env.pop(name, None)
-    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "lightning_digits.py"),
-                           "--patience", "3", "--max-epochs", "40", "--out", str(tmp_path)],
-                          env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT,
-                          cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    found = re.search(r"dendrites=(\d+), best val_acc=([\d.]+)", proc.stdout)
-    assert found, proc.stdout
+def test_the_example_grows_dendrites_that_beat_the_baseline(tmp_path, script_server):
+    run = script_server.run(ROOT / "examples" / "lightning_digits.py", "--patience", "3",
+                            "--max-epochs", "40", "--out", tmp_path, cwd=tmp_path,
+                            unset=LAUNCH_ENV, env={"PYTHONWARNINGS": "ignore"},
+                            timeout=RUN_TIMEOUT)
+    assert run.ok, run.logs[-3000:]
+    found = re.search(r"dendrites=(\d+), best val_acc=([\d.]+)", run.log())
+    assert found, run.log()
     kept = int(found.group(1))
     rows = (tmp_path / "perfora" / "best_arch_scores.csv").read_text().splitlines()[1:]
     best = [float(row.split(",")[2]) for row in rows]  # best val_acc per dendrite count

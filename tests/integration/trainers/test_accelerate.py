@@ -1,11 +1,11 @@
-"""Growth in an Accelerate loop: 2 CPU processes under torchrun, save_state mid-run and a
-resumed run equal to the uninterrupted one."""
+"""Growth in an Accelerate loop: 2 CPU processes as torchrun starts them, save_state mid-run
+and a resumed run equal to the uninterrupted one."""
 
 from __future__ import annotations
 
 import pytest
 from paths import SCRIPTS
-from torchrun_jobs import launch, results
+from two_ranks import run_two_ranks
 
 pytest.importorskip("accelerate")
 
@@ -15,15 +15,15 @@ SCRIPT = SCRIPTS / "trainers" / "train_accelerate.py"
 
 
 @pytest.mark.timeout(400)
-def test_accelerate_grows_in_process_saves_and_resumes_equal(tmp_path):
-    ranks = results(tmp_path / "good", launch(SCRIPT, tmp_path / "good"))
+def test_accelerate_grows_in_process_saves_and_resumes_equal(tmp_path, script_server):
+    ranks = run_two_ranks(script_server, SCRIPT, tmp_path / "good")
     assert ranks[0]["actions"].count("restructure") == 2
     assert ranks[0]["actions"] == ranks[1]["actions"]
     assert ranks[0]["digest"] == ranks[1]["digest"]  # every parameter, bit for bit
     assert ranks[0]["models_held"] == ranks[0]["optimizers_held"] == 1  # stale ones forgotten
 
-    resumed = results(tmp_path / "resumed", launch(SCRIPT, tmp_path / "resumed", "--resume",
-                                                     str(tmp_path / "good" / "state")))
+    resumed = run_two_ranks(script_server, SCRIPT, tmp_path / "resumed", "--resume",
+                            str(tmp_path / "good" / "state"))
     assert resumed[0]["digest"] == resumed[1]["digest"] == ranks[0]["digest"]
     assert resumed[0]["dendrites"] == 2
     # (the script's --stale flag is the negative control: the old DDP wrapper kept, the ranks

@@ -1,10 +1,11 @@
-"""Growth in a Lightning Fabric DDP loop: 2 CPU ranks under torchrun, on their own data."""
+"""Growth in a Lightning Fabric DDP loop: 2 CPU ranks as torchrun starts them, each on its
+own data."""
 
 from __future__ import annotations
 
 import pytest
 from paths import SCRIPTS
-from torchrun_jobs import launch, results
+from two_ranks import run_two_ranks
 
 pytest.importorskip("lightning.fabric")
 
@@ -14,8 +15,8 @@ SCRIPT = SCRIPTS / "trainers" / "train_fabric.py"
 
 
 @pytest.mark.timeout(300)
-def test_fabric_ddp_grows_in_process_and_ranks_stay_identical(tmp_path):
-    ranks = results(tmp_path / "good", launch(SCRIPT, tmp_path / "good"))
+def test_fabric_ddp_grows_in_process_and_ranks_stay_identical(tmp_path, script_server):
+    ranks = run_two_ranks(script_server, SCRIPT, tmp_path / "good")
     assert ranks[0]["actions"].count("restructure") == 2
     assert ranks[0]["actions"] == ranks[1]["actions"]
     assert ranks[0]["dendrites"] == ranks[1]["dendrites"] == 2

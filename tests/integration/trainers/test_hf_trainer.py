@@ -1,8 +1,8 @@
 """DendriteGrowthCallback in real Hugging Face Trainer runs (CPU): growth in process with
 exact outputs, a rebuilt optimizer and scheduler that keep their position, completion with
 the best model, save_model and reload, a resumed run equal to an uninterrupted one, and
-2 processes under torchrun (ranks identical; the negative control without the new wrapper
-diverges)."""
+2 processes as torchrun starts them (ranks identical; the negative control without the new
+wrapper diverges)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from transformers import TrainerCallback  # noqa: E402
 
 sys.path.insert(0, str(SCRIPTS / "trainers"))
 from hf_tiny import Blobs, TinyClassifier, TinyConfig, digest, make_trainer  # noqa: E402
-from torchrun_jobs import launch, results  # noqa: E402
+from two_ranks import run_two_ranks  # noqa: E402
 
 import perfora  # noqa: E402
 from perfora.integrations.transformers import (  # noqa: E402
@@ -176,15 +176,16 @@ def test_clear_errors_for_setups_it_cannot_grow(tmp_path):
 
 
 @pytest.mark.timeout(300)
-def test_ddp_ranks_identical_after_growth_and_diverge_without_the_new_wrapper(tmp_path):
-    good, stale = launch(SCRIPT, tmp_path / "good"), launch(SCRIPT, tmp_path / "stale", "--stale")
-    ranks = results(tmp_path / "good", good)
+def test_ddp_ranks_identical_after_growth_and_diverge_without_the_new_wrapper(tmp_path,
+                                                                             script_server):
+    ranks = run_two_ranks(script_server, SCRIPT, tmp_path / "good")
     assert ranks[0]["actions"].count("restructure") == 2 and ranks[0]["dendrites"] == 2
     assert ranks[0]["actions"] == ranks[1]["actions"]
     assert ranks[0]["digest"] == ranks[1]["digest"]  # every tensor, bit for bit
     assert ranks[0]["ddp"] and ranks[0]["ddp_covers_model"]
     assert ranks[0]["models_held"] == ranks[0]["optimizers_held"] == 1
-    control = results(tmp_path / "stale", stale)  # the first wrapper kept: ranks diverge
+    # the first wrapper kept: the ranks diverge
+    control = run_two_ranks(script_server, SCRIPT, tmp_path / "stale", "--stale")
     assert control[0]["actions"].count("restructure") == 2
     assert not control[0]["ddp_covers_model"]
     assert control[0]["digest"] != control[1]["digest"]

@@ -34,6 +34,16 @@ rank = dist.get_rank() if args.distributed else 0
 world = dist.get_world_size() if args.distributed else 1
 os.makedirs(args.out, exist_ok=True)
 
+
+def leave() -> None:
+    """Exit 0 together, without tearing the group down: gloo's teardown can abort (SIGABRT)
+    a rank whose peer has already gone, a failed attempt after the work was done."""
+    dist.barrier()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 gen = torch.Generator().manual_seed(0)
 x = torch.randn(384, 8, generator=gen)
 y = (x[:, :4].sum(1, keepdim=True).tanh() + 0.3 * x[:, 4:6].prod(1, keepdim=True))
@@ -126,14 +136,11 @@ for epoch in range(1, 100):
         break
     if restructured:  # dendrites were added: exit; the launcher restarts and resumes
         print(f"rank {rank}: restructured after epoch {epoch}, exiting to restart")
-        dist.barrier()
-        dist.destroy_process_group()
-        sys.exit(0)
+        leave()
 
 inner = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
 flat = torch.cat([p.detach().flatten() for p in inner.parameters()])
 with open(os.path.join(args.out, f"params_rank{rank}.json"), "w") as handle:
     json.dump({"dendrites": GPA.pai_tracker.controller.num_dendrites,
                "epoch": GPA.pai_tracker.controller.epoch, "params": flat.tolist()}, handle)
-dist.barrier()
-dist.destroy_process_group()
+leave()
