@@ -10,6 +10,7 @@ and shards it again with the same arguments.
 from __future__ import annotations
 
 import copy
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,18 +27,28 @@ _FSDP1_PREFIX = "_fsdp_wrapped_module."
 _SPEC_ATTR = "_perfora_wrapper_spec"
 
 
+def _loaded_fsdp_class(name: str) -> type | None:
+    """``torch.distributed.fsdp.<name>``, or None when nothing has imported that package: no
+    model can hold an FSDP module then, and importing it only to find that out costs time."""
+    return getattr(sys.modules.get("torch.distributed.fsdp"), name, None)
+
+
+def fsdp_classes() -> tuple[type, ...]:
+    """FSDP2's ``FSDPModule`` and FSDP1's ``FullyShardedDataParallel``, as far as loaded."""
+    return tuple(cls for cls in map(_loaded_fsdp_class, ("FSDPModule",
+                                                         "FullyShardedDataParallel")) if cls)
+
+
 def is_fsdp2(model: nn.Module) -> bool:
     """True when ``fully_shard`` was applied to ``model`` or one of its submodules."""
-    from torch.distributed.fsdp import FSDPModule
-
-    return any(isinstance(m, FSDPModule) for m in model.modules())
+    kind = _loaded_fsdp_class("FSDPModule")
+    return kind is not None and any(isinstance(m, kind) for m in model.modules())
 
 
 def is_fsdp1(model: nn.Module) -> bool:
     """True when ``model`` is a ``FullyShardedDataParallel`` (FSDP1) root."""
-    from torch.distributed.fsdp import FullyShardedDataParallel
-
-    return isinstance(model, FullyShardedDataParallel)
+    kind = _loaded_fsdp_class("FullyShardedDataParallel")
+    return kind is not None and isinstance(model, kind)
 
 
 def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:

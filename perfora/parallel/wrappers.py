@@ -22,7 +22,7 @@ from .deepspeed import DeepSpeedSpec
 from .deepspeed_config import is_deepspeed_engine, is_partitioned
 from .fsdp1 import FSDP1Spec
 from .fsdp2 import FSDP2Spec
-from .sharded_state import _SPEC_ATTR
+from .sharded_state import _SPEC_ATTR, fsdp_classes
 
 DDP_KIND, DP_KIND = "ddp", "dp"
 
@@ -143,11 +143,5 @@ def wrapper_spec(model: nn.Module
 
 def _is_sharded(model: nn.Module) -> bool:
     """True when FSDP (fully_shard or FullyShardedDataParallel) wraps any part of the model."""
-    kinds: list[type] = []
-    try:
-        from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
-
-        kinds = [FSDPModule, FullyShardedDataParallel]
-    except ImportError:  # pragma: no cover - torch without FSDP
-        return False
-    return any(isinstance(m, tuple(kinds)) for m in model.modules())
+    kinds = fsdp_classes()
+    return bool(kinds) and any(isinstance(m, kinds) for m in model.modules())
