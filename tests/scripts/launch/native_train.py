@@ -4,8 +4,8 @@ It exits 0 after every restructure (rank 0 has saved ``switch_N`` and ``latest``
 from ``latest`` in ``--pai_load_folder`` when started again, and writes the completion
 marker at the end. Run it with ``perfora launch --nproc-per-node 2 native_train.py --out DIR``.
 
-Test hooks (environment): ``NATIVE_TRAIN_KILL="RANK:EPOCH"`` SIGKILLs that rank halfway
-through that epoch on the first attempt; ``NATIVE_TRAIN_FAIL=1`` makes rank 1 raise at start.
+Test hook (environment): ``NATIVE_TRAIN_KILL="RANK:EPOCH"`` SIGKILLs that rank halfway
+through that epoch on the first attempt.
 """
 
 from __future__ import annotations
@@ -51,9 +51,6 @@ def log(event: str, **fields) -> None:
         with open(out / "events.jsonl", "a") as handle:
             handle.write(json.dumps({"attempt": attempt, "event": event, **fields}) + "\n")
 
-
-if os.environ.get("NATIVE_TRAIN_FAIL") == "1" and rank == world - 1:
-    raise RuntimeError("deliberate failure (NATIVE_TRAIN_FAIL=1)")
 
 # the same data on every rank; each rank trains on its own shard
 gen = torch.Generator().manual_seed(0)
