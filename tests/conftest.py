@@ -34,7 +34,7 @@ from script_server import ScriptServer  # noqa: E402
 # The imports training scripts need, done once in a warm server per pytest worker that forks
 # each script's ranks (tests/support/script_server.py); optional packages that are missing
 # are left out, and their tests skip.
-SERVER_PRELOAD = ["torch", "torch.distributed", "torch.distributed.fsdp",
+SERVER_PRELOAD = ["torch", "torch._dynamo", "torch.distributed", "torch.distributed.fsdp",
                   "torch.distributed.checkpoint", "perfora", "perfora.compat",
                   "perfora.lightning", "lightning.pytorch", "lightning.fabric",
                   "sklearn.datasets", "matplotlib.pyplot", "transformers", "accelerate",

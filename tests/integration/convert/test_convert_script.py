@@ -437,8 +437,8 @@ def runs(request, tmp_path_factory, script_server):
                if item.originalname in RESUMED}
     base = tmp_path_factory.mktemp("converted_runs")
     done: dict[tuple[str, str], Run] = {}
-    with ScriptServer(["torch", "torch.distributed", "perfora", "perfora.compat",
-                       "matplotlib.pyplot"]) as second:
+    with ScriptServer(["torch", "torch._dynamo", "torch.distributed", "perfora",
+                       "perfora.compat", "matplotlib.pyplot"]) as second:
         servers = (script_server, second)
         queued: list[list[tuple[str, str]]] = [[], []]
         for i, (name, mode) in enumerate(sorted(wanted, key=lambda k: (k[0] not in DDP, k))):
