@@ -83,12 +83,13 @@ def test_restart_contract_is_public():
     assert perfora.mark_training_complete is mark_training_complete
 
 
-def test_perfora_resume_stays_the_function_after_importing_every_submodule():
-    import subprocess
+def test_perfora_resume_stays_the_function_after_importing_every_submodule(tmp_path,
+                                                                           script_server):
     import textwrap
 
-    # in a fresh interpreter: some submodules (the compat shell) change global settings
-    script = textwrap.dedent("""
+    # in a process of its own: some submodules (the compat shell) change global settings
+    script = tmp_path / "import_all.py"
+    script.write_text(textwrap.dedent("""
         import importlib, pkgutil, sys, warnings
         import perfora
         import perfora.resume
@@ -104,10 +105,9 @@ def test_perfora_resume_stays_the_function_after_importing_every_submodule():
         assert perfora.resume is sys.modules["perfora.resume"].resume
         assert perfora.resume.__name__ == "resume"
         print("ok")
-    """)
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=300)
-    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]
+    """))
+    done = script_server.run(script, cwd=tmp_path, timeout=300)
+    assert done.ok and done.log().strip().endswith("ok"), done.log()[-2000:]
 
 
 def test_moved_checkpoint_names_are_the_surgery_functions():

@@ -1,4 +1,5 @@
-"""`perfora demo` as a user runs it, and the README's example as a user copies it."""
+"""`perfora demo` as a user runs it (its usage errors in process), and the README's example
+as a user copies it."""
 
 from __future__ import annotations
 
@@ -11,6 +12,9 @@ from pathlib import Path
 
 import pytest
 from paths import ROOT
+from script_server import ScriptServer
+
+from perfora.cli import main
 
 ROOT = ROOT
 
@@ -56,10 +60,18 @@ def test_demo_json_reports_three_arms_and_writes_run_files(tmp_path: Path) -> No
     assert abs(wide["params"] - dend["params"]) <= (64 + 1 + 10) // 2
 
 
-def test_demo_rejects_unknown_option(tmp_path: Path) -> None:
-    proc = _run(["demo", "--sead", "1"], tmp_path)
-    assert proc.returncode == 2
-    assert "--sead" in proc.stderr
+def _usage_error(args: list[str], capsys: pytest.CaptureFixture) -> str:
+    """Run the CLI in process on bad arguments: it must exit 2 before any work; its stderr."""
+    try:
+        code = main(args)
+    except SystemExit as exc:  # argparse's usage errors
+        code = exc.code
+    assert code == 2
+    return capsys.readouterr().err
+
+
+def test_demo_rejects_unknown_option(capsys: pytest.CaptureFixture) -> None:
+    assert "--sead" in _usage_error(["demo", "--sead", "1"], capsys)
 
 
 def test_readme_opens_with_the_two_commands() -> None:
@@ -77,22 +89,19 @@ def test_readme_loop_is_the_tested_example() -> None:
 
 
 @pytest.mark.timeout(300)
-def test_readme_example_runs_and_grows(tmp_path: Path) -> None:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "native_loop.py")],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stderr
+def test_readme_example_runs_and_grows(tmp_path: Path, script_server: ScriptServer) -> None:
+    # as `python examples/native_loop.py` runs it, forked from the warm script server
+    run = script_server.run(ROOT / "examples" / "native_loop.py", cwd=tmp_path, timeout=240)
+    assert run.ok, run.log()
     match = re.search(r"(\d+) dendrite set\(s\), best validation accuracy ([\d.]+)",
-                      proc.stdout)
-    assert match, proc.stdout
+                      run.log())
+    assert match, run.log()
     assert float(match.group(2)) > 0.5
     assert (tmp_path / "perfora_runs" / "native_loop" / "metrics.csv").is_file()
 
 
 @pytest.mark.parametrize("option", [["--patience", "0"], ["--hidden", "0"],
                                     ["--max-dendrites", "-1"], ["--seed", "x"]])
-def test_demo_rejects_out_of_range_values_with_a_usage_error(tmp_path: Path,
-                                                              option: list[str]) -> None:
-    proc = _run(["demo", *option], tmp_path)
-    assert proc.returncode == 2
-    assert option[0] in proc.stderr and "Traceback" not in proc.stderr
+def test_demo_rejects_out_of_range_values_with_a_usage_error(
+        option: list[str], capsys: pytest.CaptureFixture) -> None:
+    assert option[0] in _usage_error(["demo", *option], capsys)
