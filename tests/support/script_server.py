@@ -60,12 +60,17 @@ class ScriptServer:
                          p for p in (str(ROOT), base.get("PYTHONPATH", "")) if p),
                      "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "MPLBACKEND": "Agg"})
         base.update(env or {})
-        # its own session: closing kills the server and every rank it forked, in one signal
-        self._proc = subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve()), *preload], env=base,
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None, text=True,
-            start_new_session=True)
+        self._command = [sys.executable, str(Path(__file__).resolve()), *preload]
+        self._env = base
         self._pending: list[Path] = []
+        self._start()
+
+    def _start(self) -> None:
+        # its own session: closing kills the server and every rank it forked, in one signal
+        self._proc = subprocess.Popen(self._command, env=self._env, stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, stderr=None, text=True,
+                                      start_new_session=True)
+        self._pending = []
 
     def submit(self, script: Path | str, *argv: str, cwd: Path, ranks: int = 1,
                env: dict[str, str] | None = None, unset: tuple[str, ...] = (),
@@ -80,9 +85,15 @@ class ScriptServer:
         self._pending.append(cwd)
 
     def result(self) -> ScriptRun:
-        """The oldest queued job's outcome (waits for it)."""
+        """The oldest queued job's outcome (waits for it). Interrupted (a test's timeout),
+        the server is started afresh, so that no later call reads this job's outcome."""
         assert self._proc.stdout is not None
-        line = self._proc.stdout.readline()
+        try:
+            line = self._proc.stdout.readline()
+        except BaseException:
+            self.close()
+            self._start()
+            raise
         if not line:
             raise RuntimeError(f"the script server died (exit code {self._proc.poll()})")
         return ScriptRun(json.loads(line), self._pending.pop(0))
@@ -96,6 +107,9 @@ class ScriptServer:
         if self._proc.poll() is None:
             os.killpg(self._proc.pid, signal.SIGKILL)
         self._proc.wait()
+        for pipe in (self._proc.stdin, self._proc.stdout):
+            if pipe is not None:
+                pipe.close()
 
     def __enter__(self) -> ScriptServer:
         return self
