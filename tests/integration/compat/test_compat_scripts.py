@@ -32,14 +32,15 @@ TIMEOUT = 120
 
 @pytest.fixture
 def run(script_server: ScriptServer):
-    """Run a compat script (stdin closed: nothing may prompt); returns rc, output, last JSON."""
+    """Run a compat script (stdin closed: nothing may prompt); it must exit 0; returns its
+    output and the last JSON line it printed."""
 
-    def run_script(script: str, cwd: Path, *args: str) -> tuple[int, str, dict | None]:
+    def run_script(script: str, cwd: Path, *args: str) -> tuple[str, dict | None]:
         done = script_server.run(SCRIPTS / script, *args, cwd=cwd, timeout=TIMEOUT)
         out = done.log()
         assert done.ok, out
         lines = [ln for ln in out.splitlines() if ln.startswith("{")]
-        return 0, out, json.loads(lines[-1]) if lines else None
+        return out, json.loads(lines[-1]) if lines else None
 
     return run_script
 
@@ -72,7 +73,7 @@ def reload_best(folder: Path, probe_seed: int) -> torch.Tensor:
 
 @pytest.mark.timeout(300)
 def test_single_process_script_reaches_complete_and_restart_workflow_matches(tmp_path, run):
-    _, _, result = run("seed_single.py", tmp_path, "--save_name", "RUN")
+    _, result = run("seed_single.py", tmp_path, "--save_name", "RUN")
     assert result["complete"] and result["restructures"] >= 1
     folder = tmp_path / "RUN"
     switches = sorted(folder.glob("switch_*.pt"))
@@ -90,7 +91,7 @@ def test_single_process_script_reaches_complete_and_restart_workflow_matches(tmp
     while not (tmp_path / "RST" / COMPLETE_MARKER).exists():
         attempts += 1
         assert attempts <= 6, "the restart workflow did not finish"
-        _, out, _ = run("seed_single.py", tmp_path, *args)
+        out, _ = run("seed_single.py", tmp_path, *args)
         if attempts > 1:
             assert "Loaded PAI state from RST/switch_" in out
         args = ["--save_name", "RST", "--exit_on_restructure", "--pai_load_folder", "RST"]
@@ -101,7 +102,7 @@ def test_single_process_script_reaches_complete_and_restart_workflow_matches(tmp
 
 @pytest.mark.timeout(300)
 def test_dataparallel_two_step_recipe(tmp_path, run):
-    _, out, _ = run("seed_dataparallel.py", tmp_path, "--save_name", "DP",
+    out, _ = run("seed_dataparallel.py", tmp_path, "--save_name", "DP",
                     "--perforate_model_parallel")
     assert "Initialization complete" in out
     folder = tmp_path / "DP"
@@ -112,7 +113,7 @@ def test_dataparallel_two_step_recipe(tmp_path, run):
                                "2": {"neurons": 3, "dendrites": 0}}
     assert not list(folder.glob("*.pt"))  # it stopped after the first batch
 
-    _, out, result = run("seed_dataparallel.py", tmp_path, "--save_name", "DP")
+    out, result = run("seed_dataparallel.py", tmp_path, "--save_name", "DP")
     assert result["complete"] and result["restructures"] >= 1
     assert result["wrapper"] == "DataParallel"
     assert "settings changed" not in out
