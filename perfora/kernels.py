@@ -18,8 +18,10 @@ per-operator cost, not the FLOPs, sets the step time. :class:`FusedMix` records 
   the input gradient of all K dendrites, one GEMM the whole bank's weight gradient, one sum
   the bias gradient. A conv keeps each map in its own tensor (feature maps are large, and
   one K-times larger block would be mapped fresh at every step) and runs one
-  ``convolution_backward`` per dendrite. ``v``'s gradient is one product and sum per
-  dendrite, the cascade's one per row of its lower triangle.
+  ``convolution_backward`` per dendrite as soon as that dendrite's gradient is known, so
+  only a few gradient maps are alive at once (see :func:`_conv_bank_backward`). ``v``'s
+  gradient is one product and sum per dendrite, the cascade's one per row of its lower
+  triangle.
 
 For a Linear the GEMM count of backward no longer grows with K, and the elementwise
 kernels run without autograd bookkeeping. The layer uses this path in eager mode for
@@ -121,7 +123,8 @@ class FusedMix(torch.autograd.Function):
     gradient. A conv's feature maps are large next to its weights: each ``d_k`` and
     ``dL/da_k`` is its own tensor (the allocator reuses blocks of one feature map's size;
     one K-times larger block would be mapped fresh from the system at every step), and
-    each dendrite's ``convolution_backward`` writes its rows of the bank's gradient.
+    each dendrite's ``convolution_backward`` gives its rows of the bank's gradient,
+    right after that dendrite's gradient is known.
     """
 
     @staticmethod
@@ -186,56 +189,102 @@ class FusedMix(torch.autograd.Function):
                 g_v = torch.stack([(d * g3).sum((0, 2)) for d in ds])
         if not (need_x or need_w or need_b or need_c):
             return grad if need_y else None, None, None, None, None, g_v, None, None
-        activation = spec.activation
         vs = out_weight.view(k, n, 1).unbind(0)
         ws = cascade.view(-1, n, 1).unbind(0) if cascade is not None else ()
-        if linear:  # dL/da_k, laid out as the bank's output
-            g_a = grad.new_empty((b, k, n, s))
-            gas = g_a.unbind(1) if k > 1 else (g_a.view(b, n, s),)
-        else:
-            gas = [None] * k
-        for i in range(k - 1, -1, -1):
-            t = g3 * vs[i]
-            for later in range(i + 1, k):
-                t.addcmul_(gas[later], ws[later * (later - 1) // 2 + i])
-            if linear:
-                _backward_through(t, ds[i], activation, gas[i])
-            else:
-                _backward_through(t, ds[i], activation, t)
-                gas[i] = t
-        if need_c and k > 1:
-            g_c = torch.cat([(d * gas[i]).sum((0, 2)).unsqueeze(0)
-                             for i in range(1, k) for d in ds[:i]])
         if linear:
-            flat = g_a.view(b, k * n)
-            if need_x:
-                g_x = flat.mm(weight).view(x.shape)
-            if need_w:
-                g_w = flat.t().mm(x.reshape(b, x.shape[-1]))
-            if need_b:
-                g_b = flat.sum(0)
-        elif need_x or need_w or need_b:
-            g_x, g_w, g_b = _conv_bank_backward(gas, x, weight, spec, n, need_x, need_w, need_b)
+            g_x, g_w, g_b, g_c = _linear_bank_backward(
+                g3, x, weight, ds, vs, ws, spec.activation, (b, n, s),
+                (need_x, need_w, need_b, need_c))
+        else:
+            g_x, g_w, g_b, g_c = _conv_bank_backward(
+                g3, x, weight, ds, vs, ws, spec, n, (need_x, need_w, need_b, need_c))
         return grad if need_y else None, g_x, g_w, g_b, g_c, g_v, None, None
 
 
-def _conv_bank_backward(gas, x, weight, spec, n, need_x, need_w, need_b):
-    """Input, bank weight and bank bias gradients of a conv bank, dendrite by dendrite."""
+def _linear_bank_backward(g3, x, weight, ds, vs, ws, activation, shape, need):
+    """A Linear bank's input, weight, bias and cascade gradients. Every ``dL/da_k`` goes into
+    one ``[B, K, N]`` buffer laid out as the bank's output, so one GEMM gives the input
+    gradient of all K dendrites and one the whole bank's weight gradient."""
+    need_x, need_w, need_b, need_c = need
+    b, n, s = shape
+    k = len(vs)
+    g_x = g_w = g_b = g_c = None
+    g_a = g3.new_empty((b, k, n, s))
+    gas = g_a.unbind(1) if k > 1 else (g_a.view(b, n, s),)
+    for i in range(k - 1, -1, -1):
+        t = g3 * vs[i]
+        for later in range(i + 1, k):
+            t.addcmul_(gas[later], ws[later * (later - 1) // 2 + i])
+        _backward_through(t, ds[i], activation, gas[i])
+    if need_c and k > 1:
+        g_c = torch.cat([(d * gas[i]).sum((0, 2)).unsqueeze(0)
+                         for i in range(1, k) for d in ds[:i]])
+    flat = g_a.view(b, k * n)
+    if need_x:
+        g_x = flat.mm(weight).view(x.shape)
+    if need_w:
+        g_w = flat.t().mm(x.reshape(b, x.shape[-1]))
+    if need_b:
+        g_b = flat.sum(0)
+    return g_x, g_w, g_b, g_c
+
+
+def _conv_bank_backward(g3, x, weight, ds, vs, ws, spec, n, need):
+    """A conv bank's gradients, dendrite by dendrite from the last, each map freed once used.
+
+    ``dL/da_j`` needs the gradient of every later dendrite (the cascade). Keeping all K of
+    them (K feature maps next to the K saved ``d_k``) is what sets the peak. Instead, dendrite
+    i's gradient runs through its ``convolution_backward`` at once, and then it is either
+    held or, once the held maps would outnumber the dendrites still to come, folded with
+    them into one accumulator per earlier dendrite. So few gradient maps are alive while a
+    convolution backward, which has sizeable buffers of its own, runs: one for K = 2,
+    two for K = 3, three for K = 5 (K for the whole bank before).
+    """
+    need_x, need_w, need_b, need_c = need
+    k = len(vs)
     stride, padding, dilation = spec.conv
     dims = len(stride)
     shape = [x.shape[0], n, *_spatial(x, weight, spec)]
-    ws = weight.split(n)
+    weights = weight.split(n)
+    mask = [need_x, need_w, need_b]
+    acc: list[torch.Tensor | None] = [None] * k   # folded part of dL/dd_j, j below i
+    held: list[tuple[int, torch.Tensor]] = []     # (h, dL/da_h) of later dendrites, unfolded
     g_x = None
-    g_ws, g_bs = [], []
-    for i, g in enumerate(gas):
-        gi, gw, gb = torch.ops.aten.convolution_backward(
-            g.view(shape), x, ws[i], [n] if need_b else None, list(stride), list(padding),
-            list(dilation), False, [0] * dims, 1, [need_x, need_w, need_b])
-        if need_x:
-            g_x = gi if g_x is None else g_x.add_(gi)
-        g_ws.append(gw)
-        g_bs.append(gb)
-    return (g_x, torch.cat(g_ws) if need_w else None, torch.cat(g_bs) if need_b else None)
+    g_ws: list[torch.Tensor | None] = [None] * k
+    g_bs: list[torch.Tensor | None] = [None] * k
+    g_cs: list[torch.Tensor | None] = [None] * (k * (k - 1) // 2)
+    for i in range(k - 1, -1, -1):
+        t = _cascade_gradient(acc[i] if acc[i] is not None else g3 * vs[i], held, ws, i)
+        acc[i] = None
+        _backward_through(t, ds[i], spec.activation, t)  # t is now dL/da_i
+        if need_c:
+            for j in range(i):
+                g_cs[i * (i - 1) // 2 + j] = (ds[j] * t).sum((0, 2))
+        if need_x or need_w or need_b:
+            gi, g_ws[i], g_bs[i] = torch.ops.aten.convolution_backward(
+                t.view(shape), x, weights[i], [n] if need_b else None, list(stride),
+                list(padding), list(dilation), False, [0] * dims, 1, mask)
+            if need_x:
+                g_x = gi if g_x is None else g_x.add_(gi)
+            del gi  # not alive through the next convolution backward
+        held.append((i, t))
+        del t
+        if len(held) >= i:  # i accumulators cost no more than the held maps: fold them
+            for j in range(i):
+                acc[j] = _cascade_gradient(acc[j] if acc[j] is not None else g3 * vs[j],
+                                           held, ws, j)
+            held.clear()
+    return (g_x, torch.cat(g_ws) if need_w else None, torch.cat(g_bs) if need_b else None,
+            torch.stack(g_cs) if need_c and k > 1 else None)
+
+
+def _cascade_gradient(t: torch.Tensor, held: list[tuple[int, torch.Tensor]], ws,
+                      j: int) -> torch.Tensor:
+    """``t + sum_h w[h, j] * dL/da_h`` over the held later dendrites, in place (a function
+    of its own, so no loop variable keeps a freed map alive)."""
+    for h, g in held:
+        t.addcmul_(g, ws[h * (h - 1) // 2 + j])
+    return t
 
 
 def _double_backward(ctx, grad):

@@ -10,11 +10,13 @@ hand-written backward is also checked by ``torch.autograd.gradcheck`` in float64
 from __future__ import annotations
 
 import copy
+import gc
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from perfora import DendriticLayer
 from perfora.kernels import FusedMix, MixSpec
@@ -185,6 +187,61 @@ def test_growth_under_the_fused_path_is_exact_and_keys_are_unchanged():
         before = layer(x)
         layer.grow(torch.Generator().manual_seed(5))
         assert torch.equal(layer(x), before)
+
+
+@pytest.mark.parametrize("k", [4, 5])
+@pytest.mark.parametrize("case", ["conv1d", "conv2d", "conv2d_strided"])
+def test_conv_backward_with_many_dendrites_matches_the_reference(case, k):
+    """From K = 4 the conv backward folds held gradient maps into accumulators part-way:
+    the gradients must not depend on when it does."""
+    layer, x = build(case, k)
+    assert uses_fused(layer, x)
+    assert_matches(layer, x)
+
+
+class _MapsAtConvBackward(TorchDispatchMode):
+    """At every ``convolution_backward``, how many distinct live tensors have ``numel``
+    elements (the garbage collector's view: the backward's locals and saved tensors)."""
+
+    def __init__(self, numel: int) -> None:
+        super().__init__()
+        self.numel = numel
+        self.counts: list[int] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten.convolution_backward.default:
+            gc.collect()
+            storages = {obj.untyped_storage().data_ptr() for obj in gc.get_objects()
+                        if type(obj) in (torch.Tensor, nn.Parameter)
+                        and obj.numel() == self.numel}
+            self.counts.append(len(storages))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize(("k", "gradient_maps"), [(2, 1), (3, 2), (5, 3)])
+def test_conv_backward_keeps_few_gradient_maps_alive(k, gradient_maps):
+    """Memory: while a dendrite's convolution backward runs, the K saved ``d_k`` and the
+    incoming gradient are alive, plus at most 1 / 2 / 3 gradient maps of the dendrites for
+    K = 2 / 3 / 5 (all K of them before the conv backward was streamed)."""
+    torch.manual_seed(0)
+    layer = DendriticLayer(nn.Conv2d(4, 6, 3, padding=1), num_neurons=6, neuron_axis=1)
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(k):
+        layer.grow(gen)
+    with torch.no_grad():
+        layer.cascade.normal_(0, 0.5, generator=gen)
+        layer.out_weight.normal_(0, 0.5, generator=gen)
+    x = torch.randn(8, 4, 10, 10, generator=gen, requires_grad=True)
+    out = layer(x)
+    assert type(out.grad_fn).__name__ == "FusedMixBackward"
+    loss = (out * out).sum()
+    del out
+    probe = _MapsAtConvBackward(numel=8 * 6 * 10 * 10)  # one output map; x is 8 * 4 * 10 * 10
+    with probe:
+        loss.backward()
+    # one convolution backward per dendrite, then the base conv's own (by then all is freed)
+    assert len(probe.counts) == k + 1
+    assert max(probe.counts[:k]) <= k + 1 + gradient_maps, probe.counts
 
 
 # ----------------------------------------------------------------------------- gradcheck
