@@ -24,9 +24,10 @@ with ``P`` the parameter count (each wrapped layer gains K copies of its weights
 ``v`` and K(K-1)/2 cascade rows) and ``s = 1`` for SGD with momentum. ``required = plain
 training memory + extra``; the target is ``measured <= 1.10 * required`` for K >= 1 and
 ``measured <= 1.02 * plain`` for K = 0. The formula leaves out what backward needs while it
-runs: the gradients of the K dendrite outputs of the layer being differentiated (autograd
-needs them just the same), so a conv net at large K, whose first feature maps are large,
-sits above it by about one to two of those maps.
+runs: gradients of the dendrite outputs of the layer being differentiated, next to the
+buffers of its convolution backward. The fused conv backward keeps few of them alive at
+once (at most 1 / 2 / 3 for K = 2 / 3 / 5), so a conv net, whose first feature maps are
+large, sits above the formula by a few percent.
 
 ``grown 5x`` runs the restructure path: K = 0, then five times ``layer.grow()`` (five
 restructures, each replacing the bank, cascade and ``v`` parameters and rebuilding the

@@ -28,6 +28,14 @@ times with several threads are dominated by preemption; ``--threads 1 --clock cp
     python benchmarks/overhead.py --quick         # smoke run, 3 rounds per group
     python benchmarks/overhead.py --threads 1 --clock cpu --out /tmp/overhead.json
     python benchmarks/overhead.py --compile --threads 1 --clock cpu   # compiled, both sides
+    python benchmarks/overhead.py --floor --threads 1 --clock cpu     # + same-GEMM models
+
+``--floor`` adds, for each K, the *same-GEMM* model to every round: the plain model with
+each Linear/Conv replaced by K + 1 copies of itself whose outputs are summed. It has the
+matmul/conv FLOPs of K dendrites through ordinary autograd layers and none of the dendrite
+mix (activations, cascade, ``v``), so its ratio over the ideal is what this machine charges
+for the extra GEMMs alone (caches, per-call costs), and the gap between it and the
+perforated model is the mix's own cost.
 """
 
 from __future__ import annotations
@@ -117,8 +125,34 @@ def converted(plain: nn.Module, k: int, seed: int) -> nn.Module:
     return model
 
 
-def variant_names() -> list[str]:
-    return ["plain"] + [f"K={k}" for k in KS]
+class SameGemms(nn.Module):
+    """K + 1 copies of a Linear/Conv, outputs summed: the GEMM/conv FLOPs of a layer with K
+    dendrites, without the dendrite mix (the ``--floor`` reference)."""
+
+    def __init__(self, layer: nn.Module, copies: int) -> None:
+        super().__init__()
+        self.copies = nn.ModuleList(copy.deepcopy(layer) for _ in range(copies))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.copies[0](x)
+        for layer in self.copies[1:]:
+            out = out + layer(x)
+        return out
+
+
+def same_gemms(plain: nn.Module, k: int) -> nn.Module:
+    """A deep copy of ``plain`` with every Linear/Conv replaced by K + 1 summed copies."""
+    model = copy.deepcopy(plain)
+    for module in list(model.modules()):
+        for child_name, child in list(module.named_children()):
+            if isinstance(child, (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)):
+                setattr(module, child_name, SameGemms(child, k + 1))
+    return model
+
+
+def variant_names(floor: bool = False) -> list[str]:
+    names = ["plain"] + [f"K={k}" for k in KS]
+    return names + [f"floor K={k}" for k in KS if k] if floor else names
 
 
 # ---------------------------------------------------------------------- timing
@@ -157,7 +191,7 @@ def step_flops(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> int:
 
 def run_group(name: str, batch: int, *, budget_s: float, min_repeats: int, max_repeats: int,
               min_sample_s: float, warmup: int, seed: int, clock,
-              compiled: bool = False) -> list[dict]:
+              compiled: bool = False, floor: bool = False) -> list[dict]:
     build, in_shape = MODELS[name]
     torch.manual_seed(seed)
     plain = build()
@@ -166,6 +200,9 @@ def run_group(name: str, batch: int, *, budget_s: float, min_repeats: int, max_r
     models = {"plain": plain}
     for k in KS:
         models[f"K={k}"] = converted(plain, k, seed + k)
+    if floor:
+        for k in KS[1:]:
+            models[f"floor K={k}"] = same_gemms(plain, k)
     # FLOPs scale linearly in the batch, so a small batch gives the same ratios, cheaply.
     flops = {v: step_flops(m, x[:8], y[:8]) for v, m in models.items()}
     if compiled:  # both sides compiled; the warm-up steps below pay the compilation
@@ -183,7 +220,7 @@ def run_group(name: str, batch: int, *, budget_s: float, min_repeats: int, max_r
     round_s = inner * sum(first.values())
     repeats = int(min(max_repeats, max(min_repeats, budget_s // max(round_s, 1e-9))))
 
-    names = variant_names()
+    names = variant_names(floor)
     times: dict[str, list[float]] = {v: [] for v in names}
     for rnd in range(repeats):
         shift = rnd % len(names)
@@ -216,6 +253,15 @@ def run_group(name: str, batch: int, *, budget_s: float, min_repeats: int, max_r
             "meets_target": bool((ratio if k == 0 else rel) <= target),
             "repeats": repeats, "inner_steps": inner,
         })
+        if floor and k:
+            f = f"floor K={k}"
+            floor_ratio = statistics.median(a / b for a, b in zip(times[f], plain_t))
+            rows[-1].update({
+                "floor_ms": 1e3 * statistics.median(times[f]),
+                "floor_ratio": floor_ratio,
+                "floor_ideal": flops[f] / base_flops,
+                "floor_over_ideal": floor_ratio / (flops[f] / base_flops),
+            })
     return rows
 
 
@@ -228,10 +274,11 @@ def print_table(rows: list[dict]) -> None:
     for r in rows:
         tgt = (f"ratio<={r['target']:.2f}" if r["K"] == 0 else f"r/id<={r['target']:.2f}")
         mark = "ok" if r["meets_target"] else "MISS"
+        floor = f"  floor {r['floor_over_ideal']:.3f}" if "floor_over_ideal" in r else ""
         print(f"{r['model']:<22} {r['batch']:>5} {r['K']:>2} {r['plain_ms']:>9.3f} "
               f"{r['variant_ms']:>9.3f} {r['ratio']:>6.3f}x "
               f"[{r['ratio_q1']:5.2f},{r['ratio_q3']:5.2f}] {r['ideal']:>5.2f}x "
-              f"{r['measured_over_ideal']:>11.3f} {tgt:>10} {mark:>4}")
+              f"{r['measured_over_ideal']:>11.3f} {tgt:>10} {mark:>4}{floor}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -253,7 +300,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="time the plain autograd mix instead of perfora.kernels.FusedMix "
                          "(the code before the fused node; default output: "
                          "results/overhead_unfused.json)")
+    ap.add_argument("--floor", action="store_true",
+                    help="also time, for each K, the plain model with every Linear/Conv "
+                         "replaced by K+1 summed copies: the same GEMMs without the dendrite "
+                         "mix (default output: results/overhead_floor.json)")
     args = ap.parse_args(argv)
+    if args.floor and args.out == DEFAULT_OUT:
+        args.out = DEFAULT_OUT.with_name("overhead_floor.json")
     if args.compile and args.out == DEFAULT_OUT:
         args.out = DEFAULT_OUT.with_name("overhead_compiled.json")
     if args.unfused:
@@ -276,12 +329,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"perfora overhead: torch {torch.__version__}, {torch.get_num_threads()} thread(s), "
           f"{platform.machine()}, {args.clock} clock{' (quick)' if args.quick else ''}"
           f"{', torch.compile on both sides' if args.compile else ''}"
-          f"{', unfused (autograd mix)' if args.unfused else ''}; load average "
+          f"{', unfused (autograd mix)' if args.unfused else ''}"
+          f"{', with same-GEMM floor models' if args.floor else ''}; load average "
           f"{' '.join(f'{v:.2f}' for v in os.getloadavg())}", flush=True)
     t0 = time.perf_counter()
     rows: list[dict] = []
     for name, batch in GROUPS:
         rows += run_group(name, batch, seed=args.seed, clock=clock, compiled=args.compile,
+                          floor=args.floor,
                           **plan)
     elapsed = time.perf_counter() - t0
     print()
@@ -302,6 +357,7 @@ def main(argv: list[str] | None = None) -> int:
         "clock": args.clock,
         "compiled": args.compile,
         "fused": not args.unfused,
+        "floor": args.floor,
         "load_average": list(os.getloadavg()),
         "plan": plan,
         "seconds": elapsed,

@@ -99,6 +99,25 @@ def table_overhead_compiled() -> str:
     return _overhead(_load("overhead_compiled.json"))
 
 
+def table_overhead_floor() -> str:
+    """``overhead.py --floor``: per K, the perforated model's and the same-GEMM model's
+    ratio over the FLOP ideal, measured in the same rounds."""
+    result = _load("overhead_floor.json")
+    groups: dict[tuple[str, int], dict[int, dict[str, Any]]] = {}
+    for row in result["rows"]:
+        groups.setdefault((row["model"], row["batch"]), {})[row["K"]] = row
+    ks = sorted({row["K"] for row in result["rows"]} - {0})
+    header = ["model", "batch"] + [f"K={k}: perforated / same GEMMs" for k in ks]
+    out = []
+    for (model, batch), by_k in groups.items():
+        cells = [_model_name(model), str(batch)]
+        for k in ks:
+            row = by_k[k]
+            cells.append(f"{row['measured_over_ideal']:.2f} / {row['floor_over_ideal']:.2f}")
+        out.append(cells)
+    return _rows(header, out)
+
+
 # -------------------------------------------------------------------------- peak memory
 def table_memory() -> str:
     """``memory.py``: peak training memory per configuration, against the plain model and
@@ -385,6 +404,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "overhead": table_overhead,
     "overhead-unfused": table_overhead_unfused,
     "overhead-compiled": table_overhead_compiled,
+    "overhead-floor": table_overhead_floor,
     "memory": table_memory,
     "export-speed": table_export_speed,
     "ddp": table_ddp,
