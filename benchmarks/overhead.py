@@ -16,8 +16,8 @@ Linear/Conv is wrapped here, so ``f = 1`` and ``ideal = K + 1``. Elementwise wor
 (activations, the cascade, ``v``, the optimizer) is not counted: it is what the
 targets bound.
 
-Targets (from the issue): K = 0 at most 1.03x the plain model; K >= 1 at most 1.10x the
-ideal.
+Targets: K = 0 at most 1.03x the plain model; K >= 1 at most 1.10x the ideal. With
+``--compile`` (both sides compiled) every K, K = 0 included, at most 1.05x the ideal.
 
 Each (model, batch) group gets as many rounds as fit a ~25 s budget (at least 7), so the
 default run (six groups) takes about 4-5 minutes on 2 cores. On a shared, busy machine wall-clock
@@ -61,6 +61,7 @@ from perfora.layers import DendriticLayer, dendritic_layers
 KS = (0, 1, 2, 3)
 TARGET_K0 = 1.03
 TARGET_IDEAL = 1.10
+TARGET_COMPILED = 1.05  # compiled on both sides: every K, K = 0 included, over the ideal
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "overhead.json"
 
 
@@ -240,7 +241,7 @@ def run_group(name: str, batch: int, *, budget_s: float, min_repeats: int, max_r
         q = statistics.quantiles(ratios, n=4) if len(ratios) >= 2 else [ratio, ratio, ratio]
         ideal = flops[v] / base_flops
         rel = ratio / ideal
-        target = TARGET_K0 if k == 0 else TARGET_IDEAL
+        target = TARGET_COMPILED if compiled else TARGET_K0 if k == 0 else TARGET_IDEAL
         rows.append({
             "model": name, "batch": batch, "K": k,
             "plain_ms": 1e3 * statistics.median(plain_t),
@@ -266,6 +267,12 @@ def run_group(name: str, batch: int, *, budget_s: float, min_repeats: int, max_r
 
 
 # ---------------------------------------------------------------------- report
+def targets_line(compiled: bool) -> str:
+    if compiled:
+        return f"every K ratio/ideal <= {TARGET_COMPILED} (compiled)"
+    return f"K=0 ratio <= {TARGET_K0}, K>=1 ratio/ideal <= {TARGET_IDEAL}"
+
+
 def print_table(rows: list[dict]) -> None:
     head = (f"{'model':<22} {'batch':>5} {'K':>2} {'plain ms':>9} {'K ms':>9} "
             f"{'ratio':>7} {'[q1, q3]':>13} {'ideal':>6} {'ratio/ideal':>11} {'target':>15}")
@@ -344,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nratio = median over rounds of t(variant)/t(plain), one step = forward + "
           f"backward + SGD step;\nideal = counted matmul/conv FLOPs of the variant / plain "
           f"(= 1 + K*f, f = wrapped fraction = {rows[0]['wrapped_flop_fraction']:.3f});\n"
-          f"targets: K=0 ratio <= {TARGET_K0}, K>=1 ratio/ideal <= {TARGET_IDEAL}. "
+          f"targets: {targets_line(args.compile)}. "
           f"Took {elapsed:.1f} s.")
 
     result = {
@@ -361,7 +368,9 @@ def main(argv: list[str] | None = None) -> int:
         "load_average": list(os.getloadavg()),
         "plan": plan,
         "seconds": elapsed,
-        "targets": {"k0_ratio_max": TARGET_K0, "ratio_over_ideal_max": TARGET_IDEAL},
+        "targets": ({"k0_ratio_max": TARGET_COMPILED, "ratio_over_ideal_max": TARGET_COMPILED}
+                    if args.compile else
+                    {"k0_ratio_max": TARGET_K0, "ratio_over_ideal_max": TARGET_IDEAL}),
         "all_met": all(r["meets_target"] for r in rows),
         "rows": rows,
     }

@@ -95,7 +95,7 @@ def table_overhead_unfused() -> str:
 
 
 def table_overhead_compiled() -> str:
-    """``overhead.py --compile --quick``: both sides under ``torch.compile``."""
+    """``overhead.py --compile``: both sides under ``torch.compile``."""
     return _overhead(_load("overhead_compiled.json"))
 
 
