@@ -159,9 +159,9 @@ def test_selective_growth_matches_the_reference(case):
     assert_matches(layer, x)
 
 
-@pytest.mark.parametrize("case", ["linear", "conv2d"])
-def test_frozen_base_and_groups(case):
-    layer, x = build(case, 3)
+@pytest.mark.parametrize(("case", "k"), [("linear", 3), ("conv2d", 3), ("conv2d", 5)])
+def test_frozen_base_and_groups(case, k):
+    layer, x = build(case, k)
     for p in layer.base.parameters():
         p.requires_grad_(False)
     layer.remember_frozen_base()
