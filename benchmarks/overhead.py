@@ -158,26 +158,38 @@ def variant_names(floor: bool = False) -> list[str]:
 
 # ---------------------------------------------------------------------- timing
 class Runner:
-    """One variant: a model, its own SGD optimizer, and a fixed batch."""
+    """One variant: a model, its own SGD optimizer, and a fixed batch.
+
+    ``autocast`` (a dtype or None) runs forward and loss under ``torch.autocast`` on the
+    batch's device; on CUDA every timing waits for the device before reading the clock.
+    """
 
     def __init__(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
-                 clock=time.perf_counter) -> None:
+                 clock=time.perf_counter, autocast: torch.dtype | None = None) -> None:
         self.model = model
         self.x, self.y = x, y
         self.clock = clock
+        self.autocast = autocast
+        self.cuda = x.device.type == "cuda"
         self.opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
 
     def step(self) -> None:
         self.opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(self.model(self.x), self.y)
+        with torch.autocast(self.x.device.type, dtype=self.autocast,
+                            enabled=self.autocast is not None):
+            loss = F.cross_entropy(self.model(self.x), self.y)
         loss.backward()
         self.opt.step()
 
     def timed(self, n: int) -> float:
         """Seconds per step, averaged over ``n`` back-to-back steps."""
+        if self.cuda:
+            torch.cuda.synchronize(self.x.device)
         t0 = self.clock()
         for _ in range(n):
             self.step()
+        if self.cuda:
+            torch.cuda.synchronize(self.x.device)
         return (self.clock() - t0) / n
 
 
@@ -192,12 +204,13 @@ def step_flops(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> int:
 
 def run_group(name: str, batch: int, *, budget_s: float, min_repeats: int, max_repeats: int,
               min_sample_s: float, warmup: int, seed: int, clock,
-              compiled: bool = False, floor: bool = False) -> list[dict]:
+              compiled: bool = False, floor: bool = False, device: str = "cpu",
+              autocast: torch.dtype | None = None) -> list[dict]:
     build, in_shape = MODELS[name]
     torch.manual_seed(seed)
-    plain = build()
-    x = torch.randn(batch, *in_shape)
-    y = torch.randint(0, 10, (batch,))
+    plain = build().to(device)
+    x = torch.randn(batch, *in_shape, device=device)
+    y = torch.randint(0, 10, (batch,), device=device)
     models = {"plain": plain}
     for k in KS:
         models[f"K={k}"] = converted(plain, k, seed + k)
@@ -208,9 +221,10 @@ def run_group(name: str, batch: int, *, budget_s: float, min_repeats: int, max_r
     flops = {v: step_flops(m, x[:8], y[:8]) for v, m in models.items()}
     if compiled:  # both sides compiled; the warm-up steps below pay the compilation
         torch._dynamo.reset()
-        runners = {v: Runner(torch.compile(m), x, y, clock) for v, m in models.items()}
+        runners = {v: Runner(torch.compile(m), x, y, clock, autocast)
+                   for v, m in models.items()}
     else:
-        runners = {v: Runner(m, x, y, clock) for v, m in models.items()}
+        runners = {v: Runner(m, x, y, clock, autocast) for v, m in models.items()}
     first = {}
     for v, r in runners.items():
         for _ in range(warmup):
