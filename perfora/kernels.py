@@ -114,11 +114,11 @@ class FusedMix(torch.autograd.Function):
     """``out = y + sum_k v[k] * act(D_k(x) + sum_{j<k} w[k, j] * d_j)`` as one node.
 
     Written for few Python-level calls (their cost is what this node saves): views come
-    from one ``unbind`` each, never from indexing in a loop. Tensors are handled as
-    ``[B, N, S]`` views (batch, neurons, the rest; S = 1 for a Linear).
+    from one ``unbind`` or ``chunk`` each, never from indexing in a loop. A Linear's tensors
+    are handled as ``[B, N]`` views, a conv's as ``[B, N, S]`` (S the spatial size).
 
     Buffers follow what is large. A Linear's per-dendrite tensors are small next to its
-    weights: the K ``d_k`` share one ``[K, B, N, 1]`` buffer and the K ``dL/da_k`` one
+    weights: the K ``d_k`` share one ``[K, B, N]`` buffer and the K ``dL/da_k`` one
     ``[B, K*N]`` buffer, so one GEMM gives the input gradient and one the bank's weight
     gradient. A conv's feature maps are large next to its weights: each ``d_k`` and
     ``dL/da_k`` is its own tensor (the allocator reuses blocks of one feature map's size;
@@ -129,42 +129,15 @@ class FusedMix(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, y, x, weight, bias, cascade, out_weight, spec, conv_forward):
-        k = out_weight.shape[0]
-        linear = spec.kind == "linear"
-        if linear:
-            n = y.shape[-1]
-            b, s = y.numel() // n, 1
-            d_all = y.new_empty((k, b, n, s))
-            ds = d_all.unbind(0)
-        else:
-            b, n = y.shape[0], y.shape[1]
-            s = y.numel() // (b * n)
-            ds = []
-        vs = out_weight.view(k, n, 1).unbind(0)
-        ws = cascade.view(-1, n, 1).unbind(0) if cascade is not None else ()
-        pre = bank_pre_activations(x, weight, bias, k, spec, conv_forward)
-        activation = spec.activation
-        out = None
-        row = 0
-        for i in range(k):
-            a = pre[i].reshape(b, n, s)
-            pre[i] = None  # a conv's d_k takes its pre-activation's memory, a Linear's is freed
-            for j in range(i):  # the autograd code's order: growth stays exact
-                a.addcmul_(ws[row], ds[j])
-                row += 1
-            _activate(a, activation, ds[i] if linear else a)
-            if not linear:
-                ds.append(a)
-            out = torch.addcmul(y.reshape(b, n, s), vs[i], ds[i]) if out is None else \
-                out.addcmul_(vs[i], ds[i])
         ctx.spec = spec
         ctx.conv_forward = conv_forward
-        ctx.shape = (k, b, n, s)
-        if linear:
+        if spec.kind == "linear":
+            out, d_all = _linear_mix(y, x, weight, bias, cascade, out_weight, spec.activation)
             ctx.save_for_backward(x, weight, bias, cascade, out_weight, d_all)
-        else:
-            ctx.save_for_backward(x, weight, bias, cascade, out_weight, *ds)
-        return out.view(y.shape)
+            return out
+        out, ds = _conv_mix(y, x, weight, bias, cascade, out_weight, spec, conv_forward)
+        ctx.save_for_backward(x, weight, bias, cascade, out_weight, *ds)
+        return out
 
     @staticmethod
     def backward(ctx, grad):
@@ -172,53 +145,70 @@ class FusedMix(torch.autograd.Function):
             return _double_backward(ctx, grad)
         need_y, need_x, need_w, need_b, need_c, need_v = ctx.needs_input_grad[:6]
         x, weight, bias, cascade, out_weight, *saved = ctx.saved_tensors
-        need_b = need_b and bias is not None
-        spec = ctx.spec
-        linear = spec.kind == "linear"
-        k, b, n, s = ctx.shape
-        g3 = grad.reshape(b, n, s)
-        g_x = g_w = g_b = g_c = g_v = None
-        if linear:
-            d_all = saved[0]
-            ds = d_all.unbind(0) if k > 1 else (d_all[0],)
-            if need_v:
-                g_v = (d_all * g3).sum((1, 3))
+        need = (need_x, need_w, need_b and bias is not None, need_c, need_v)
+        if ctx.spec.kind == "linear":
+            g_x, g_w, g_b, g_c, g_v = _linear_mix_backward(
+                grad, x, weight, cascade, out_weight, saved[0], ctx.spec.activation, need)
         else:
-            ds = saved
-            if need_v:
-                g_v = torch.stack([(d * g3).sum((0, 2)) for d in ds])
-        if not (need_x or need_w or need_b or need_c):
-            return grad if need_y else None, None, None, None, None, g_v, None, None
-        vs = out_weight.view(k, n, 1).unbind(0)
-        ws = cascade.view(-1, n, 1).unbind(0) if cascade is not None else ()
-        if linear:
-            g_x, g_w, g_b, g_c = _linear_bank_backward(
-                g3, x, weight, ds, vs, ws, spec.activation, (b, n, s),
-                (need_x, need_w, need_b, need_c))
-        else:
-            g_x, g_w, g_b, g_c = _conv_bank_backward(
-                g3, x, weight, ds, vs, ws, spec, n, (need_x, need_w, need_b, need_c))
+            g_x, g_w, g_b, g_c, g_v = _conv_mix_backward(
+                grad, x, weight, cascade, out_weight, saved, ctx.spec, need)
         return grad if need_y else None, g_x, g_w, g_b, g_c, g_v, None, None
 
 
-def _linear_bank_backward(g3, x, weight, ds, vs, ws, activation, shape, need):
-    """A Linear bank's input, weight, bias and cascade gradients. Every ``dL/da_k`` goes into
-    one ``[B, K, N]`` buffer laid out as the bank's output, so one GEMM gives the input
-    gradient of all K dendrites and one the whole bank's weight gradient."""
-    need_x, need_w, need_b, need_c = need
-    b, n, s = shape
-    k = len(vs)
-    g_x = g_w = g_b = g_c = None
-    g_a = g3.new_empty((b, k, n, s))
-    gas = g_a.unbind(1) if k > 1 else (g_a.view(b, n, s),)
+def _linear_mix(y, x, weight, bias, cascade, out_weight, activation):
+    """The mix of a Linear bank: ``(out, d_all)``, the K ``d_k`` in one ``[K, B, N]`` buffer.
+
+    Per-neuron vectors (``v`` rows, cascade rows) broadcast against ``[B, N]`` views as they
+    are: no reshapes in the loop, since at small batch every call counts."""
+    k, n = out_weight.shape
+    b = y.numel() // n
+    weights = weight.chunk(k)  # the same views as a split: the same GEMMs as K = 1's
+    biases = bias.chunk(k) if bias is not None else (None,) * k
+    d_all = y.new_empty((k, b, n))
+    ds = d_all.unbind(0)
+    vs = out_weight.unbind(0)
+    ws = cascade.unbind(0) if cascade is not None else ()
+    activate = _ACTIVATE_OUT.get(activation)
+    y2 = y.reshape(b, n)
+    out = None
+    row = 0
+    for i in range(k):
+        a = F.linear(x, weights[i], biases[i]).view(b, n)
+        for j in range(i):  # the autograd code's order: growth stays exact
+            a.addcmul_(ws[row], ds[j])
+            row += 1
+        if activate is not None:
+            activate(a, out=ds[i])
+        else:
+            torch.clamp(a, min=0, out=ds[i])
+        out = torch.addcmul(y2, vs[i], ds[i]) if out is None else out.addcmul_(vs[i], ds[i])
+    return out.view(y.shape), d_all
+
+
+def _linear_mix_backward(grad, x, weight, cascade, out_weight, d_all, activation, need):
+    """Gradients of a Linear bank's mix. Every ``dL/da_k`` goes into one ``[B, K, N]`` buffer
+    laid out as the bank's output, so one GEMM gives the input gradient of all K dendrites
+    and one the whole bank's weight gradient."""
+    need_x, need_w, need_b, need_c, need_v = need
+    k, b, n = d_all.shape
+    g2 = grad.reshape(b, n)
+    g_x = g_w = g_b = g_c = g_v = None
+    if need_v:
+        g_v = torch.mul(d_all, g2).sum(1)
+    if not (need_x or need_w or need_b or need_c):
+        return g_x, g_w, g_b, g_c, g_v
+    ds = d_all.unbind(0)
+    vs = out_weight.unbind(0)
+    ws = cascade.unbind(0) if cascade is not None else ()
+    g_a = grad.new_empty((b, k, n))
+    gas = g_a.unbind(1)
     for i in range(k - 1, -1, -1):
-        t = g3 * vs[i]
+        t = g2 * vs[i]
         for later in range(i + 1, k):
             t.addcmul_(gas[later], ws[later * (later - 1) // 2 + i])
         _backward_through(t, ds[i], activation, gas[i])
     if need_c and k > 1:
-        g_c = torch.cat([(d * gas[i]).sum((0, 2)).unsqueeze(0)
-                         for i in range(1, k) for d in ds[:i]])
+        g_c = torch.stack([(ds[j] * gas[i]).sum(0) for i in range(1, k) for j in range(i)])
     flat = g_a.view(b, k * n)
     if need_x:
         g_x = flat.mm(weight).view(x.shape)
@@ -226,7 +216,48 @@ def _linear_bank_backward(g3, x, weight, ds, vs, ws, activation, shape, need):
         g_w = flat.t().mm(x.reshape(b, x.shape[-1]))
     if need_b:
         g_b = flat.sum(0)
-    return g_x, g_w, g_b, g_c
+    return g_x, g_w, g_b, g_c, g_v
+
+
+def _conv_mix(y, x, weight, bias, cascade, out_weight, spec, conv_forward):
+    """The mix of a conv bank: ``(out, ds)``, each ``d_k`` in its own tensor, written over
+    its pre-activation's memory. Tensors are handled as ``[B, N, S]`` views."""
+    k = out_weight.shape[0]
+    b, n = y.shape[0], y.shape[1]
+    s = y.numel() // (b * n)
+    vs = out_weight.view(k, n, 1).unbind(0)
+    ws = cascade.view(-1, n, 1).unbind(0) if cascade is not None else ()
+    pre = bank_pre_activations(x, weight, bias, k, spec, conv_forward)
+    ds: list[torch.Tensor] = []
+    out = None
+    row = 0
+    for i in range(k):
+        a = pre[i].reshape(b, n, s)
+        pre[i] = None  # d_k takes its pre-activation's memory
+        for j in range(i):  # the autograd code's order: growth stays exact
+            a.addcmul_(ws[row], ds[j])
+            row += 1
+        _activate(a, spec.activation, a)
+        ds.append(a)
+        out = torch.addcmul(y.reshape(b, n, s), vs[i], a) if out is None else \
+            out.addcmul_(vs[i], a)
+    return out.view(y.shape), ds
+
+
+def _conv_mix_backward(grad, x, weight, cascade, out_weight, ds, spec, need):
+    """Gradients of a conv bank's mix (the bank's own through :func:`_conv_bank_backward`)."""
+    need_x, need_w, need_b, need_c, need_v = need
+    k = out_weight.shape[0]
+    b, n = grad.shape[0], grad.shape[1]
+    g3 = grad.reshape(b, n, -1)
+    g_v = torch.stack([(d * g3).sum((0, 2)) for d in ds]) if need_v else None
+    if not (need_x or need_w or need_b or need_c):
+        return None, None, None, None, g_v
+    vs = out_weight.view(k, n, 1).unbind(0)
+    ws = cascade.view(-1, n, 1).unbind(0) if cascade is not None else ()
+    g_x, g_w, g_b, g_c = _conv_bank_backward(g3, x, weight, ds, vs, ws, spec, n,
+                                             (need_x, need_w, need_b, need_c))
+    return g_x, g_w, g_b, g_c, g_v
 
 
 def _conv_bank_backward(g3, x, weight, ds, vs, ws, spec, n, need):

@@ -244,6 +244,23 @@ def test_conv_backward_keeps_few_gradient_maps_alive(k, gradient_maps):
     assert max(probe.counts[:k]) <= k + 1 + gradient_maps, probe.counts
 
 
+@pytest.mark.parametrize("case", ["linear", "linear_3d", "linear_no_bias", "conv2d"])
+def test_growth_from_the_autograd_path_into_the_fused_one_is_exact(case):
+    """K = 1 runs the plain autograd code, K >= 2 the fused node: growing across that line
+    (and on) must leave the outputs bit-identical."""
+    layer, x = build(case, 1, dtype=torch.float32)
+    assert not uses_fused(layer, x)
+    for seed in (5, 6):
+        with torch.no_grad():
+            before = layer(x)
+            layer.grow(torch.Generator().manual_seed(seed))
+            assert torch.equal(layer(x), before)
+        assert uses_fused(layer, x)
+        with torch.no_grad():  # make the grown dendrite count before the next growth
+            layer.out_weight[-1].normal_(0, 0.5)
+            layer.cascade[-1].normal_(0, 0.5)
+
+
 # ----------------------------------------------------------------------------- gradcheck
 def _spec_inputs(case: str, k: int, activation: str):
     layer, x = build(case, k, activation)
