@@ -328,6 +328,9 @@ def main(argv: list[str] | None = None) -> int:
                          "replaced by K+1 summed copies: the same GEMMs without the dendrite "
                          "mix (default output: results/overhead_floor.json)")
     args = ap.parse_args(argv)
+    if args.floor and (args.compile or args.unfused):
+        ap.error("--floor compares the eager fused model with the same-GEMM model; run it "
+                 "without --compile and --unfused")
     if args.floor and args.out == DEFAULT_OUT:
         args.out = DEFAULT_OUT.with_name("overhead_floor.json")
     if args.compile and args.out == DEFAULT_OUT:

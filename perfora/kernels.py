@@ -168,7 +168,6 @@ def _linear_mix(y, x, weight, bias, cascade, out_weight, activation):
     ds = d_all.unbind(0)
     vs = out_weight.unbind(0)
     ws = cascade.unbind(0) if cascade is not None else ()
-    activate = _ACTIVATE_OUT.get(activation)
     y2 = y.reshape(b, n)
     out = None
     row = 0
@@ -177,10 +176,7 @@ def _linear_mix(y, x, weight, bias, cascade, out_weight, activation):
         for j in range(i):  # the autograd code's order: growth stays exact
             a.addcmul_(ws[row], ds[j])
             row += 1
-        if activate is not None:
-            activate(a, out=ds[i])
-        else:
-            torch.clamp(a, min=0, out=ds[i])
+        _activate(a, activation, ds[i])
         out = torch.addcmul(y2, vs[i], ds[i]) if out is None else out.addcmul_(vs[i], ds[i])
     return out.view(y.shape), d_all
 

@@ -44,3 +44,15 @@ def test_same_gemm_model_counts_the_flops_of_k_dendrites(model_name, k):
     # the plain model is left as it was
     assert all(torch.equal(before[name], t) for name, t in plain.state_dict().items())
     assert not any(isinstance(m, overhead.SameGemms) for m in plain.modules())
+
+
+@pytest.mark.parametrize("other", ["--compile", "--unfused"])
+def test_floor_refuses_the_modes_it_does_not_measure(other, tmp_path, capsys):
+    """--floor with --compile or --unfused would write floor rows into another mode's
+    results file; it is refused before any timing, saying why."""
+    overhead = load_overhead()
+    with pytest.raises(SystemExit) as exit_info:
+        overhead.main(["--floor", other, "--out", str(tmp_path / "x.json")])
+    assert exit_info.value.code == 2
+    assert "run it without --compile and --unfused" in capsys.readouterr().err
+    assert not (tmp_path / "x.json").exists()
