@@ -56,6 +56,19 @@ _THROUGH = {"sigmoid": torch.ops.aten.sigmoid_backward.grad_input,
             "tanh": torch.ops.aten.tanh_backward.grad_input}
 
 
+def functorch_active() -> bool:
+    """True under a ``torch.func`` transform (grad, vmap, jvp, ...), batched gradients
+    included; the fused node has no batching rule, so callers take autograd code then."""
+    active = getattr(torch._C, "_are_functorch_transforms_active", None)
+    return bool(active is not None and active())
+
+
+def _batched(t: torch.Tensor) -> bool:
+    """A tensor batched by vmap (``is_grads_batched`` uses the legacy batching key, which no
+    Python query names, so its key set is read by name; about 1 µs, once per backward)."""
+    return "Batched" in str(torch._C._dispatch_keys(t))
+
+
 def _activate(a: torch.Tensor, activation: str, out: torch.Tensor) -> None:
     fn = _ACTIVATE_OUT.get(activation)
     if fn is not None:
@@ -141,7 +154,10 @@ class FusedMix(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        if torch.is_grad_enabled():  # create_graph=True: differentiate the reference instead
+        # create_graph=True, or batched gradients (autograd.grad(is_grads_batched=True),
+        # jacobian(vectorize=True): a vmap over this backward, whose out= kernels have no
+        # batching rule): differentiate the reference instead
+        if torch.is_grad_enabled() or functorch_active() or _batched(grad):
             return _double_backward(ctx, grad)
         need_y, need_x, need_w, need_b, need_c, need_v = ctx.needs_input_grad[:6]
         x, weight, bias, cascade, out_weight, *saved = ctx.saved_tensors
@@ -315,10 +331,12 @@ def _cascade_gradient(t: torch.Tensor, held: list[tuple[int, torch.Tensor]], ws,
 
 
 def _double_backward(ctx, grad):
-    """Backward with create_graph=True: autograd through :func:`reference_mix`, from the
-    saved inputs themselves, so the gradients stay connected to the graph. ``y`` enters the
+    """Backward through autograd on :func:`reference_mix`, from the saved inputs themselves,
+    so the gradients stay connected to the graph (create_graph=True) and every op has its
+    batching rule (batched gradients). ``y`` enters the
     output with slope 1, so its gradient is ``grad`` and a zero tensor stands in for it."""
-    inputs = [grad.new_zeros(grad.shape), *ctx.saved_tensors[:5]]
+    saved = ctx.saved_tensors[:5]  # a zero y from x: one from ``grad`` would be batched too
+    inputs = [saved[0].new_zeros(grad.shape), *saved]
     wanted = [i for i, (t, need) in enumerate(zip(inputs, ctx.needs_input_grad[:6]))
               if i > 0 and need and t is not None]
     grads: list[torch.Tensor | None] = [None] * 8

@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .errors import PerforationError
-from .kernels import FusedMix, MixSpec
+from .kernels import FusedMix, MixSpec, functorch_active
 
 _ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "sigmoid": torch.sigmoid,
@@ -591,9 +591,11 @@ class DendriticLayer(nn.Module):
     def _fused_spec(self, x: torch.Tensor, y: torch.Tensor) -> MixSpec | None:
         """The fused mix's static arguments when it applies here, else None (see kernels.py):
         eager mode, K >= 2 full sets, no candidate apart, an ungrouped Linear or zero-padded
-        Conv, one dtype throughout and no autocast."""
+        Conv, one dtype throughout, no autocast, no ``torch.func`` transform and no
+        forward-mode AD (the node has neither a vmap rule nor a jvp: the autograd code has)."""
         if self.num_dendrites < 2 or self.kind == "generic" or self.has_candidate \
-                or self.dendrite_mask is not None or self._groups() != 1 or _tracing():
+                or self.dendrite_mask is not None or self._groups() != 1 or _tracing() \
+                or _transformed():
             return None  # K = 1: autograd's three nodes cost less than one Python node
         src = self.source
         axis = self.neuron_axis % y.ndim
@@ -676,6 +678,12 @@ class DendriticLayer(nn.Module):
 def _tracing() -> bool:
     """True under torch.compile / torch.export / TorchScript tracing: the plain code then."""
     return torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.jit.is_scripting()
+
+
+def _transformed() -> bool:
+    """True under a ``torch.func`` transform (grad, vmap, jvp, ...) or inside a forward-mode
+    AD level: the plain code then, whose every op has batching and forward-mode rules."""
+    return functorch_active() or getattr(torch.autograd.forward_ad, "_current_level", -1) >= 0
 
 
 def _autocasting(device_type: str) -> bool:
