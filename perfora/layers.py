@@ -687,10 +687,13 @@ def _transformed() -> bool:
 
 
 def _autocasting(device_type: str) -> bool:
+    """Autocast on for this device type; False for a type autocast does not know (meta)."""
     try:
         return torch.is_autocast_enabled(device_type)
     except TypeError:  # older torch: no device argument
         return torch.is_autocast_enabled() or torch.is_autocast_cpu_enabled()
+    except RuntimeError:  # "unknown device type for autocast": it cannot be on
+        return False
 
 
 def _merged_state_hook(module: DendriticLayer, state_dict: dict, prefix: str,

@@ -309,3 +309,18 @@ def test_relu_gradcheck_away_from_the_kink():
         return FusedMix.apply(*ts, spec, fwd)
 
     assert torch.autograd.gradcheck(fn, tuple(tensors), eps=1e-6, atol=1e-5)
+
+
+@pytest.mark.parametrize("case", ["linear", "conv2d"])
+def test_meta_device_gives_shapes_forward_and_backward(case):
+    """Shape inference on the meta device (empty-weight init, FLOP estimates) at K >= 2:
+    autocast has no meta state, which must not be an error."""
+    layer, x = build(case, 3, dtype=torch.float32)
+    want = layer(x).shape
+    layer = layer.to("meta")
+    x = torch.empty(x.shape, device="meta", requires_grad=True)
+    out = layer(x)
+    assert out.shape == want and out.device.type == "meta"
+    assert type(out.grad_fn).__name__ == "FusedMixBackward"
+    out.sum().backward()
+    assert x.grad.shape == x.shape and layer.bank_weight.grad.shape == layer.bank_weight.shape
