@@ -34,6 +34,7 @@ of the formula and the backward against ``torch.autograd.gradcheck`` in float64.
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
@@ -236,7 +237,7 @@ def _conv_mix(y, x, weight, bias, cascade, out_weight, spec, conv_forward):
     its pre-activation's memory. Tensors are handled as ``[B, N, S]`` views."""
     k = out_weight.shape[0]
     b, n = y.shape[0], y.shape[1]
-    s = y.numel() // (b * n)
+    s = math.prod(y.shape[2:])  # not numel // (b * n): a batch may be empty
     vs = out_weight.view(k, n, 1).unbind(0)
     ws = cascade.view(-1, n, 1).unbind(0) if cascade is not None else ()
     pre = bank_pre_activations(x, weight, bias, k, spec, conv_forward)
@@ -261,7 +262,7 @@ def _conv_mix_backward(grad, x, weight, cascade, out_weight, ds, spec, need):
     need_x, need_w, need_b, need_c, need_v = need
     k = out_weight.shape[0]
     b, n = grad.shape[0], grad.shape[1]
-    g3 = grad.reshape(b, n, -1)
+    g3 = grad.reshape(b, n, math.prod(grad.shape[2:]))
     g_v = torch.stack([(d * g3).sum((0, 2)) for d in ds]) if need_v else None
     if not (need_x or need_w or need_b or need_c):
         return None, None, None, None, g_v

@@ -540,6 +540,11 @@ class DendriticLayer(nn.Module):
         return shape
 
     def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        if self.num_dendrites and self.kind == "conv" and not self.grouped \
+                and x.dim() == len(self.source.kernel_size) + 1:
+            # an unbatched input (C, *spatial) puts the neurons on axis 0: run it as a
+            # batch of one, as the conv itself does
+            return self.forward(x.unsqueeze(0), *args, **kwargs).squeeze(0)
         y = self.base(x, *args, **kwargs)
         if args or kwargs or not isinstance(y, torch.Tensor):
             # refused before any growth, so a run never trains on into a dead end

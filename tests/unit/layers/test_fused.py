@@ -324,3 +324,23 @@ def test_meta_device_gives_shapes_forward_and_backward(case):
     assert type(out.grad_fn).__name__ == "FusedMixBackward"
     out.sum().backward()
     assert x.grad.shape == x.shape and layer.bank_weight.grad.shape == layer.bank_weight.shape
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_empty_batches_and_unbatched_conv_inputs(k):
+    """An empty batch (the last shard of an uneven split) and an unbatched conv input
+    (C, H, W), which PyTorch's convs accept, give what a batched call gives."""
+    layer, x = build("conv2d", k)
+    out, got = grads(layer, x[:1], lambda m, inp: m(inp))
+    out_u, got_u = grads(layer, x[:1], lambda m, inp: m(inp[0]).unsqueeze(0))
+    torch.testing.assert_close(out_u, out)
+    for name in got:
+        torch.testing.assert_close(got_u[name], got[name], msg=lambda m, n=name: f"{n}: {m}")
+    for case in ("conv2d", "linear"):
+        layer, x = build(case, k)
+        empty = x[:0].detach().requires_grad_()
+        out = layer(empty)
+        assert out.shape == (0, *layer(x).shape[1:])
+        out.sum().backward()
+        assert empty.grad.shape == empty.shape
+        assert layer.bank_weight.grad.abs().sum() == 0
