@@ -108,6 +108,8 @@ class CorrelationTap:
 
     def gradient(self, d: torch.Tensor, err: torch.Tensor) -> torch.Tensor:
         """The candidate's gradient for one backward pass; updates trend and moments."""
+        if d.numel() == 0:  # an empty batch: its mean would put NaN into the trend for good
+            return torch.zeros_like(d)
         dm, em, e_hat, cov = _batch_terms(d, err, self.axis)
         if self.trend is None or self.trend.shape != cov.shape:
             self.trend = cov.detach().clone()

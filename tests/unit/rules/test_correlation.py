@@ -129,6 +129,28 @@ def test_correlation_objective_increases_on_a_learnable_error():
     assert layer.base.weight.grad is None, "the neuron layer is frozen"
 
 
+def test_an_empty_batch_leaves_the_candidate_and_its_statistics_alone():
+    """An empty batch (an uneven last shard) has no mean: it must not put NaN into the
+    running covariance sign, which would make every later candidate gradient NaN."""
+    gen = torch.Generator().manual_seed(5)
+    layer = DendriticLayer(nn.Linear(3, 2), num_neurons=2, neuron_axis=-1)
+    layer.grow(gen)
+    layer.split_candidate()
+    layer.set_trainable(base=False, bank=False, cascade=False, out=False, candidate=True)
+    tap = CorrelationTap(axis=-1)
+    layer.candidate_tap = tap
+    x = torch.randn(16, 3, generator=gen)
+    layer(x).sum().backward()
+    trend, moments = tap.trend.clone(), tap.moments.clone()
+    layer.zero_grad()
+    layer(x[:0]).sum().backward()
+    assert torch.equal(tap.trend, trend) and torch.equal(tap.moments, moments)
+    assert all(p.grad.abs().sum() == 0 for p in layer.group_parameters("candidate"))
+    layer(x).sum().backward()
+    assert all(p.grad.isfinite().all() for p in layer.group_parameters("candidate"))
+    assert math.isfinite(tap.take())
+
+
 def test_the_rule_reports_a_rising_correlation_score():
     ctl = make_controller(make_model(), correlation_patience=100,
                           correlation_max_epochs_ratio=100.0)
