@@ -96,16 +96,22 @@ def test_correlation_gradient_matches_autograd_of_the_objective():
     torch.testing.assert_close(corr, pearson)
 
 
-def test_correlation_objective_increases_on_a_learnable_error():
-    """A fixed, learnable error G = dL/dy: the candidate learns to correlate with it."""
-    gen = torch.Generator().manual_seed(4)
-    torch.manual_seed(4)
+def tapped_candidate(gen: torch.Generator) -> tuple[DendriticLayer, CorrelationTap]:
+    """A Linear(3, 2) whose one dendrite is a candidate apart, alone trainable, tapped."""
     layer = DendriticLayer(nn.Linear(3, 2), num_neurons=2, neuron_axis=-1)
     layer.grow(gen)
     layer.split_candidate()
     layer.set_trainable(base=False, bank=False, cascade=False, out=False, candidate=True)
     tap = CorrelationTap(axis=-1)
     layer.candidate_tap = tap
+    return layer, tap
+
+
+def test_correlation_objective_increases_on_a_learnable_error():
+    """A fixed, learnable error G = dL/dy: the candidate learns to correlate with it."""
+    gen = torch.Generator().manual_seed(4)
+    torch.manual_seed(4)
+    layer, tap = tapped_candidate(gen)
     x = torch.randn(256, 3, generator=gen)
     err = torch.sigmoid(4 * x @ torch.tensor([[1.0, -2.0], [0.5, 1.0], [-1.0, 0.0]]))
 
@@ -133,12 +139,7 @@ def test_an_empty_batch_leaves_the_candidate_and_its_statistics_alone():
     """An empty batch (an uneven last shard) has no mean: it must not put NaN into the
     running covariance sign, which would make every later candidate gradient NaN."""
     gen = torch.Generator().manual_seed(5)
-    layer = DendriticLayer(nn.Linear(3, 2), num_neurons=2, neuron_axis=-1)
-    layer.grow(gen)
-    layer.split_candidate()
-    layer.set_trainable(base=False, bank=False, cascade=False, out=False, candidate=True)
-    tap = CorrelationTap(axis=-1)
-    layer.candidate_tap = tap
+    layer, tap = tapped_candidate(gen)
     x = torch.randn(16, 3, generator=gen)
     layer(x).sum().backward()
     trend, moments = tap.trend.clone(), tap.moments.clone()
