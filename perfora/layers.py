@@ -1,6 +1,7 @@
 """DendriticLayer: a wrapped layer plus one batched bank of K dendrites, grown exactly.
 
-With K dendrites on neuron layer N (see DESIGN.md)::
+With K dendrites on neuron layer N (``D_k`` a layer shaped like N, ``w`` the cascade between
+dendrites, ``v`` their output weights, one value per neuron each)::
 
     a_k = D_k(x) + sum_{j<k} w[k, j] * d_j      d_k = act(a_k)      y = N(x) + sum_k v[k] * d_k
 

@@ -1,4 +1,4 @@
-"""DendriticLayer: exact growth, the DESIGN.md formula, parameter accounting, gradients."""
+"""DendriticLayer: exact growth, the dendrite formula, parameter accounting, gradients."""
 
 from __future__ import annotations
 
@@ -101,7 +101,7 @@ def dendrite_module(layer: DendriticLayer, k: int) -> nn.Module:
 
 
 def reference_forward(layer: DendriticLayer, x: torch.Tensor) -> torch.Tensor:
-    """The DESIGN.md formula, one dendrite at a time, in plain Python."""
+    """The dendrite formula (perfora.layers), one dendrite at a time, in plain Python."""
     act = ACTIVATIONS[layer.activation]
     y = layer.base(x)
     axis = layer.neuron_axis
