@@ -335,8 +335,8 @@ def _cascade_gradient(t: torch.Tensor, held: list[tuple[int, torch.Tensor]], ws,
 def _double_backward(ctx, grad):
     """Backward through autograd on :func:`reference_mix`, from the saved inputs themselves,
     so the gradients stay connected to the graph (create_graph=True) and every op has its
-    batching rule (batched gradients). ``y`` enters the
-    output with slope 1, so its gradient is ``grad`` and a zero tensor stands in for it."""
+    batching rule (batched gradients). ``y`` enters the output with slope 1, so its gradient
+    is ``grad`` and a zero tensor stands in for it."""
     saved = ctx.saved_tensors[:5]  # a zero y from x: one from ``grad`` would be batched too
     inputs = [saved[0].new_zeros(grad.shape), *saved]
     wanted = [i for i, (t, need) in enumerate(zip(inputs, ctx.needs_input_grad[:6]))
