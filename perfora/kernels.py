@@ -65,7 +65,7 @@ def functorch_active() -> bool:
     return bool(active is not None and active())
 
 
-def _batched(t: torch.Tensor) -> bool:
+def vmapped(t: torch.Tensor) -> bool:
     """A tensor batched by vmap (``is_grads_batched`` uses the legacy batching key, which no
     Python query names, so its key set is read by name; about 1 µs, once per backward)."""
     return "Batched" in str(torch._C._dispatch_keys(t))
@@ -159,7 +159,7 @@ class FusedMix(torch.autograd.Function):
         # create_graph=True, or batched gradients (autograd.grad(is_grads_batched=True),
         # jacobian(vectorize=True): a vmap over this backward, whose out= kernels have no
         # batching rule): differentiate the reference instead
-        if torch.is_grad_enabled() or functorch_active() or _batched(grad):
+        if torch.is_grad_enabled() or functorch_active() or vmapped(grad):
             return _double_backward(ctx, grad)
         need_y, need_x, need_w, need_b, need_c, need_v = ctx.needs_input_grad[:6]
         x, weight, bias, cascade, out_weight, *saved = ctx.saved_tensors

@@ -560,6 +560,12 @@ class DendriticLayer(nn.Module):
         out, dendrites = self._mix(x, y, shape) if self.banked else (y, [])
         if self.has_candidate and self.candidate_tap is not None and torch.is_grad_enabled() \
                 and any(p.requires_grad for p in self.group_parameters("candidate")):
+            if _transformed():
+                raise PerforationError(
+                    "the correlation rule's dendrite phase trains this layer's candidate on "
+                    "the error that an ordinary backward pass brings; under a torch.func "
+                    "transform or forward-mode AD it would not learn. Run this phase with "
+                    "loss.backward(), or use rule='gd'")
             out = self.candidate_tap(out, self._candidate_output(x, dendrites, shape))
         return out
 

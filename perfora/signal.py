@@ -8,7 +8,9 @@ epochs pay nothing). Linear layers give one row per sample (and per position for
 ungrouped Conv1d/Conv2d layers give one row per output position, the input row being the
 receptive-field patch (``unfold``), so a row times a dendrite's flattened weight is that
 dendrite's pre-activation there. The newest ``max_rows`` rows per layer are kept (fewer for
-very wide rows: at most 16 MB per layer), on the CPU.
+very wide rows: at most 16 MB per layer), on the CPU. Passes under a ``torch.func`` transform
+and batched gradients are not recorded (their tensors belong to the transform); a layer left
+without rows grows a full set with the 'default' initialisation.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .kernels import functorch_active, vmapped
 from .layers import DendriticLayer
 
 
@@ -85,7 +88,8 @@ class ErrorSignalProbe:
     def _hook(self, path: str):
         def record(layer: DendriticLayer, args: tuple, output: torch.Tensor) -> None:
             if not (layer.training and torch.is_grad_enabled() and args
-                    and isinstance(output, torch.Tensor) and output.requires_grad):
+                    and isinstance(output, torch.Tensor) and output.requires_grad) \
+                    or functorch_active():  # rows wrapped by a transform must not escape it
                 return
             rows = input_rows(layer, args[0])
             if rows is None:
@@ -95,6 +99,8 @@ class ErrorSignalProbe:
             step = max(1, rows.shape[0] // keep)  # at most 1/8 of the buffer per batch
 
             def on_grad(grad: torch.Tensor) -> None:
+                if vmapped(grad):  # batched gradients: not one backward pass of errors
+                    return
                 errors = error_rows(layer, grad)
                 if errors.shape[0] == rows.shape[0]:
                     self._append(path, rows[::step].float(), errors[::step].float(), limit)

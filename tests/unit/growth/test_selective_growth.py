@@ -198,6 +198,32 @@ def test_probe_keeps_the_newest_rows_and_skips_eval():
                                      neuron_axis=1), torch.zeros(1, 4, 5, 5)) is None
 
 
+def test_probe_skips_transformed_and_batched_passes_and_keeps_working():
+    """Tensors wrapped by a torch.func transform, or batched gradients, must not be kept:
+    they would escape the transform and break the next read (an internal assert in cat)."""
+    from torch.func import functional_call, grad, vmap
+
+    layer, _ = make("linear")
+    probe = ErrorSignalProbe(max_rows=64)
+    probe.arm({"l": layer})
+    x = torch.randn(4, 7)
+    params = {n: p.detach() for n, p in layer.named_parameters()}
+
+    def loss(p, xb):
+        return functional_call(layer, p, (xb,)).square().sum()
+
+    grad(loss)(params, x)
+    vmap(grad(loss), in_dims=(None, 0))(params, x[:, None])
+    x.requires_grad_()
+    out = layer(x)
+    torch.autograd.grad(out, x, torch.ones(3, *out.shape), is_grads_batched=True)
+    assert probe.row_count("l") == 0
+    layer(x).sum().backward()
+    rows, errors = probe.samples("l")
+    assert rows.shape == (4, 7) and torch.equal(rows, x.detach())
+    assert torch.equal(errors, torch.ones(4, errors.shape[1]))
+
+
 def test_candidate_training_finds_the_direction_of_the_error():
     torch.manual_seed(0)
     layer = DendriticLayer(nn.Linear(10, 4), num_neurons=4, neuron_axis=-1)

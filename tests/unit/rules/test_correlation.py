@@ -10,7 +10,14 @@ import pytest
 import torch
 from torch import nn
 
-from perfora import ConfigError, GrowthController, PerforaConfig, dendritic_layers, perforate
+from perfora import (
+    ConfigError,
+    GrowthController,
+    PerforaConfig,
+    PerforationError,
+    dendritic_layers,
+    perforate,
+)
 from perfora.layers import DendriticLayer
 from perfora.rules.correlation import CorrelationTap, correlation_gradient
 
@@ -150,6 +157,19 @@ def test_an_empty_batch_leaves_the_candidate_and_its_statistics_alone():
     layer(x).sum().backward()
     assert all(p.grad.isfinite().all() for p in layer.group_parameters("candidate"))
     assert math.isfinite(tap.take())
+
+
+def test_a_transform_during_the_dendrite_phase_is_refused_with_what_to_do():
+    """The candidate learns from the tap in an ordinary backward pass; under torch.func it
+    would silently not learn, so the layer says so instead."""
+    from torch.func import functional_call, grad
+
+    layer, _ = tapped_candidate(torch.Generator().manual_seed(6))
+    params = {n: p.detach() for n, p in layer.named_parameters()}
+    with pytest.raises(PerforationError, match=r"loss\.backward\(\)"):
+        grad(lambda p: functional_call(layer, p, (torch.randn(4, 3),)).sum())(params)
+    (layer(torch.randn(8, 3)) * torch.randn(8, 2)).sum().backward()  # this one trains it
+    assert all(p.grad.abs().sum() > 0 for p in layer.group_parameters("candidate"))
 
 
 def test_the_rule_reports_a_rising_correlation_score():
