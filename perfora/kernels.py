@@ -59,8 +59,9 @@ _THROUGH = {"sigmoid": torch.ops.aten.sigmoid_backward.grad_input,
 
 
 def functorch_active() -> bool:
-    """True under a ``torch.func`` transform (grad, vmap, jvp, ...), batched gradients
-    included; the fused node has no batching rule, so callers take autograd code then."""
+    """True under a ``torch.func`` transform (grad, vmap, jvp, ...): the fused node has no
+    batching or forward-mode rule, so callers take autograd code then (batched gradients
+    use another mechanism: see :func:`vmapped`)."""
     active = getattr(torch._C, "_are_functorch_transforms_active", None)
     return bool(active is not None and active())
 

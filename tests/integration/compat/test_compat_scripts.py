@@ -103,7 +103,7 @@ def test_single_process_script_reaches_complete_and_restart_workflow_matches(tmp
 @pytest.mark.timeout(300)
 def test_dataparallel_two_step_recipe(tmp_path, run):
     out, _ = run("seed_dataparallel.py", tmp_path, "--save_name", "DP",
-                    "--perforate_model_parallel")
+                 "--perforate_model_parallel")
     assert "Initialization complete" in out
     folder = tmp_path / "DP"
     saved = json.loads((folder / SETTINGS_FILE).read_text())
