@@ -378,7 +378,7 @@ def error_growth() -> dict:
                                  for p, m in layers.items()},
                          "on_cuda": all(p.is_cuda for p in model.parameters()),
                          "step_seconds": [round(t, 3) for t in seconds]}
-        from perfora.candidates import plan_growth
+        from perfora.growth.candidates import plan_growth
 
         big = perfora.DendriticLayer(nn.Linear(2048, 2048).to(dev), num_neurons=2048,
                                      neuron_axis=-1)  # candidates train on the GPU

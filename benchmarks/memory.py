@@ -83,7 +83,7 @@ def child(spec: dict) -> dict:
     import torch.nn.functional as F
 
     import perfora
-    from perfora.layers import dendritic_layers
+    from perfora.nn.layers import dendritic_layers
 
     torch.set_num_threads(1)
     device = torch.device(spec["device"])

@@ -56,7 +56,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 import perfora
-from perfora.layers import DendriticLayer, dendritic_layers
+from perfora.nn.layers import DendriticLayer, dendritic_layers
 
 KS = (0, 1, 2, 3)
 TARGET_K0 = 1.03
@@ -320,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="torch.compile both the plain and the perforated models "
                          "(default output: results/overhead_compiled.json)")
     ap.add_argument("--unfused", action="store_true",
-                    help="time the plain autograd mix instead of perfora.kernels.FusedMix "
+                    help="time the plain autograd mix instead of perfora.nn.kernels.FusedMix "
                          "(the code before the fused node; default output: "
                          "results/overhead_unfused.json)")
     ap.add_argument("--floor", action="store_true",

@@ -62,7 +62,7 @@ def _peak_of(work) -> tuple[int, object]:
 
 def _digest(model: nn.Module) -> str:
     """A hash of the full model state (a collective): equal on ranks and across modes."""
-    from perfora.distributed import full_state_dict
+    from perfora.parallel import full_state_dict
 
     h = hashlib.sha256()
     for name, t in sorted(full_state_dict(model).items()):
@@ -76,8 +76,8 @@ def measure_rank(rank: int, world: int, spec: dict) -> dict:
     from torch.distributed.device_mesh import init_device_mesh
 
     import perfora
-    from perfora.distributed import shard_fsdp2
     from perfora.growth import surgery
+    from perfora.parallel import shard_fsdp2
 
     if spec["mode"] == "gather":
         _use_gather_based()

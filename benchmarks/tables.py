@@ -90,7 +90,7 @@ def table_overhead() -> str:
 
 def table_overhead_unfused() -> str:
     """``overhead.py --unfused``: the same run with the plain autograd mix (the code before
-    ``perfora.kernels.FusedMix``)."""
+    ``perfora.nn.kernels.FusedMix``)."""
     return _overhead(_load("overhead_unfused.json"))
 
 

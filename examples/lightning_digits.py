@@ -19,7 +19,7 @@ from sklearn.datasets import load_digits
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from perfora.lightning import DendriteGrowth
+from perfora.integrations.lightning import DendriteGrowth
 
 
 class DigitsClassifier(pl.LightningModule):

@@ -1,17 +1,17 @@
 """perfora: grow PyTorch models during training by adding artificial dendrites.
 
-The Lightning callback lives in :mod:`perfora.lightning` (optional dependency:
+The Lightning callback lives in :mod:`perfora.integrations.lightning` (optional dependency:
 ``pip install "perfora[lightning]"``); ``perfora.compat`` holds the PerforatedAI names.
 """
 
 from typing import TYPE_CHECKING, Any  # noqa: E402
 
 from ._version import __version__
-from .adapter import load_dendrites, save_dendrites  # noqa: E402
-from .candidates import GrowthPlan, plan_growth  # noqa: E402
-from .checkpoint import load_checkpoint  # noqa: E402
+from .checkpoint.adapter import load_dendrites, save_dendrites  # noqa: E402
+from .checkpoint.format import load_checkpoint  # noqa: E402
+from .checkpoint.model import load_model, save_model  # noqa: E402
 from .config import PerforaConfig  # noqa: E402
-from .errors import (  # noqa: E402
+from .errors import (
     CheckpointError,
     ConfigError,
     ConversionError,
@@ -23,15 +23,15 @@ from .errors import (  # noqa: E402
     ScoreError,
     ShapeMismatchError,
 )
-from .export import export  # noqa: E402
 from .growth import ControllerState, Decision, GrowthController  # noqa: E402
-from .growth.surgery import load_model, save_model  # noqa: E402
-from .layers import DendriticLayer, dendritic_layers, unwrap_model  # noqa: E402
-from .perforation import ConversionReport, describe, perforate  # noqa: E402
-from .restart import mark_training_complete  # noqa: E402
-from .resume import resume  # noqa: E402
+from .growth.candidates import GrowthPlan, plan_growth  # noqa: E402
+from .growth.restart import mark_training_complete  # noqa: E402
+from .growth.resume import resume  # noqa: E402
+from .growth.signal import ErrorSignalProbe  # noqa: E402
+from .nn.export import export  # noqa: E402
+from .nn.layers import DendriticLayer, dendritic_layers, unwrap_model  # noqa: E402
+from .nn.perforation import ConversionReport, describe, perforate  # noqa: E402
 from .rules import LearningRule, RuleStep, register_rule  # noqa: E402
-from .signal import ErrorSignalProbe  # noqa: E402
 
 __all__ = [
     "ErrorSignalProbe", "GrowthPlan", "plan_growth",
@@ -46,14 +46,8 @@ __all__ = [
 ]
 
 from . import distributed  # noqa: E402
-from .distributed import (  # noqa: E402
-    RankMismatchError,
-    set_epoch,
-    shard_fsdp2,
-    wrap_ddp,
-    wrap_deepspeed,
-    wrap_fsdp1,
-)
+from .distributed import RankMismatchError, set_epoch
+from .parallel import shard_fsdp2, wrap_ddp, wrap_deepspeed, wrap_fsdp1
 
 __all__ += ["distributed", "RankMismatchError", "wrap_ddp", "shard_fsdp2", "wrap_fsdp1",
             "wrap_deepspeed", "set_epoch"]

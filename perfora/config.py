@@ -189,7 +189,7 @@ class PerforaConfig:
                               f"{MAX_INIT_SCALE:g} (larger initial weights overflow), got "
                               f"{scale!r}")
         self.dendrite_init_scale = float(scale)
-        from .rules import available_rules  # late import: rules import config
+        from .rules import available_rules
 
         _check_choice(self, "rule", available_rules())
         if self.rule == "correlation" and self.grow_fraction < 1:

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-# Shared helpers (tests/support: paths, torchrun jobs, the codemod runner) import by name.
-sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
+# Shared helpers live in the package tests.support (paths, torchrun jobs, the script server);
+# the repository root on the path makes it importable however pytest is started.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 # Run files are fsynced by default (a checkpoint survives a power loss). The suite writes
 # thousands of small files, and an fsync costs ~10 ms each, so it turns that off unless the
@@ -29,14 +30,14 @@ import torch  # noqa: E402  (after the thread settings, which torch reads at imp
 
 torch.set_num_threads(1)
 
-from script_server import ScriptServer  # noqa: E402
+from tests.support.script_server import ScriptServer  # noqa: E402
 
 # The imports training scripts need, done once in a warm server per pytest worker that forks
 # each script's ranks (tests/support/script_server.py); optional packages that are missing
 # are left out, and their tests skip.
 SERVER_PRELOAD = ["torch", "torch._dynamo", "torch.distributed", "torch.distributed.fsdp",
                   "torch.distributed.checkpoint", "perfora", "perfora.compat",
-                  "perfora.lightning", "lightning.pytorch", "lightning.fabric",
+                  "perfora.integrations.lightning", "lightning.pytorch", "lightning.fabric",
                   "sklearn.datasets", "matplotlib.pyplot", "transformers", "accelerate",
                   "perfora.integrations.transformers", "perfora.integrations.accelerate",
                   "perfora.integrations.fabric"]

@@ -11,7 +11,7 @@ from ..errors import PerforaError
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from ..demo import format_table, run_demo
+    from .demo import format_table, run_demo
 
     result = run_demo(seed=args.seed, out=args.out, hidden=args.hidden,
                       patience=args.patience, max_dendrites=args.max_dendrites,

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import ConfigError
-from ..restart import (
+from ..growth.restart import (
     ATTEMPT_ENV,
     COMPLETE_MARKER,
     INIT_FLAG,

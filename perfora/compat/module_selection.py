@@ -7,8 +7,8 @@ from typing import Any
 from torch import nn
 
 from ..errors import PerforationError
-from ..layers import bank_kind, unwrap_model
-from ..perforation import NORM_TYPES
+from ..nn.layers import bank_kind, unwrap_model
+from ..nn.perforation import NORM_TYPES
 from .settings import PAISettings, activation_name
 
 _TORCH_LAYERS: dict[str, type[nn.Module]] = {

@@ -18,13 +18,13 @@ import torch
 from torch import nn
 
 from .._version import __version__
-from ..checkpoint import atomic_write_text
+from ..checkpoint.files import atomic_write_text
 from ..config import PerforaConfig, nearest_name
+from ..distributed.collectives import is_rank_zero
 from ..errors import CompatNameError, ConfigError, OrderError
 from ..growth import GrowthController
-from ..layers import dendritic_layers, unwrap_model
-from ..parallel.collectives import is_rank_zero
-from ..restart import COMPLETE_MARKER
+from ..growth.restart import COMPLETE_MARKER
+from ..nn.layers import dendritic_layers, unwrap_model
 from .rewrap import rewrap
 from .settings import PAISettings
 

@@ -7,11 +7,11 @@ from pathlib import Path
 
 from torch import nn
 
-from ..checkpoint import load_model, save_model
+from ..checkpoint.model import load_model, save_model
+from ..distributed.collectives import is_rank_zero
 from ..errors import ConfigError, OrderError
-from ..layers import unwrap_model
-from ..parallel.collectives import is_rank_zero
-from ..perforation import perforate
+from ..nn.layers import unwrap_model
+from ..nn.perforation import perforate
 from . import globals_perforatedai as GPA
 from .module_selection import perforate_kwargs
 from .names import missing_name_hook

@@ -1,38 +1,23 @@
-"""Distributed support: rank queries, collectives, re-wrapping DDP and DeepSpeed, re-sharding FSDP.
+"""Rank primitives for a script that runs alone or under torchrun: rank queries, collectives
+that are no-ops in one process, structure fingerprints to check that ranks agree, and small
+helpers (joining the process group, ``set_epoch``, ``print0``).
 
-The public namespace of :mod:`perfora.parallel` (where the code lives); import these names
-from here or from ``perfora``.
+The wrappers (DDP, FSDP, DeepSpeed) are backends and live in :mod:`perfora.parallel`; the
+common ones are also importable from ``perfora`` itself.
 """
 
-from ..parallel import (
-    FSDP2Spec,
-    RankMismatchError,
-    WrapperSpec,
+from .collectives import (
     agree_on_scores,
+    all_reduce_values,
     barrier,
-    check_same_structure,
-    ddp_kwargs_of,
-    full_state_dict,
-    init_from_env,
     is_distributed,
-    is_fsdp1,
-    is_fsdp2,
     is_rank_zero,
-    print0,
     rank,
-    set_epoch,
-    shard_fsdp2,
-    structure_fingerprint,
     world_size,
-    wrap_ddp,
-    wrap_deepspeed,
-    wrap_fsdp1,
-    wrapper_spec,
 )
+from .fingerprint import RankMismatchError, check_same_structure, structure_fingerprint
+from .helpers import init_from_env, print0, set_epoch
 
-__all__ = ["agree_on_scores", "barrier", "is_distributed",
-           "is_rank_zero", "rank", "world_size",
-           "RankMismatchError", "check_same_structure", "structure_fingerprint",
-           "FSDP2Spec", "full_state_dict", "is_fsdp1", "is_fsdp2", "shard_fsdp2", "wrap_fsdp1",
-           "init_from_env", "print0", "set_epoch",
-           "WrapperSpec", "ddp_kwargs_of", "wrap_ddp", "wrapper_spec", "wrap_deepspeed"]
+__all__ = ["agree_on_scores", "all_reduce_values", "barrier", "is_distributed", "is_rank_zero",
+           "rank", "world_size", "RankMismatchError", "check_same_structure",
+           "structure_fingerprint", "init_from_env", "print0", "set_epoch"]

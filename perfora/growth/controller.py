@@ -19,11 +19,9 @@ from torch import nn
 
 from ..config import PerforaConfig
 from ..errors import OrderError, PerforationError
-from ..layers import dendritic_layers
+from ..nn.layers import dendritic_layers
 from ..parallel import ParallelBackend, backend_of
 from ..rules import make_rule
-from ..signal import ErrorSignalProbe
-from ..usage import UsageWatch
 from . import surgery
 from .optimizer_slot import OptimizerMethods, OptimizerSlot
 from .persistence import CheckpointMethods
@@ -31,7 +29,9 @@ from .placement import check_reported_model
 from .policy import observe
 from .run_writer import RunWriter
 from .scores import read_scores, update_arch
+from .signal import ErrorSignalProbe
 from .state import Action, BestSnapshot, ControllerState, Decision
+from .usage import UsageWatch
 
 
 class GrowthController(OptimizerMethods, CheckpointMethods):

@@ -21,8 +21,7 @@ import torch
 from torch import nn
 
 from .._version import __version__
-from ..checkpoint import shadow_copy
-from ..checkpoint_dcp import (
+from ..checkpoint.dcp import (
     DCP_SUFFIX,
     Shapes,
     is_dcp_path,
@@ -32,17 +31,18 @@ from ..checkpoint_dcp import (
     save_dcp,
     written_at,
 )
-from ..checkpoint_schema import check_dict, check_list, check_str, validate_meta
+from ..checkpoint.model_state import shadow_copy
+from ..checkpoint.schema import check_dict, check_list, check_str, validate_meta
 from ..config import PerforaConfig
+from ..distributed.collectives import is_distributed, world_size
 from ..errors import CheckpointError, ConfigError, ShapeMismatchError
-from ..layers import unwrap_model
+from ..nn.layers import unwrap_model
+from ..nn.perforation import fit_structure, layer_specs
 from ..parallel.base import ParallelBackend, optimizer_is_current
-from ..parallel.collectives import is_distributed, world_size
 from ..parallel.sharded_state import FSDP1_KIND
-from ..perforation import layer_specs
 from .rehearsal import checked_state, rehearse_rule
 from .state import BestSnapshot
-from .surgery import arm_probe, fit_structure
+from .surgery import arm_probe
 
 if TYPE_CHECKING:
     from .controller import GrowthController

@@ -15,14 +15,8 @@ import torch
 from torch import nn
 
 from ..errors import OrderError
-from ..layers import unwrap_model
-from ..optim import (
-    OptimizerRecipe,
-    SchedulerRecipe,
-    check_plateau_mode,
-    current_lr,
-    step_scheduler,
-)
+from ..nn.layers import unwrap_model
+from .optim import OptimizerRecipe, SchedulerRecipe, check_plateau_mode, current_lr, step_scheduler
 
 
 class OptimizerSlot:

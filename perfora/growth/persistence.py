@@ -18,21 +18,16 @@ import torch
 from torch import nn
 
 from .._version import __version__
-from ..checkpoint import (
-    Checkpoint,
-    load_checkpoint,
-    load_state_into,
-    rehearse_load,
-    save_checkpoint,
-)
-from ..checkpoint_dcp import is_dcp_path
-from ..checkpoint_schema import validate_rule_state, validate_structure
+from ..checkpoint.dcp import is_dcp_path
+from ..checkpoint.format import Checkpoint, load_checkpoint, save_checkpoint
+from ..checkpoint.model_state import load_state_into, rehearse_load
+from ..checkpoint.optimizer_state import join_optimizer_state
+from ..checkpoint.schema import validate_rule_state, validate_structure
 from ..config import PerforaConfig
+from ..distributed.collectives import barrier, is_rank_zero
 from ..errors import CheckpointError, ConfigError
-from ..layers import unwrap_model
-from ..optim import OptimizerRecipe, SchedulerRecipe, join_optimizer_state
-from ..parallel.collectives import barrier, is_rank_zero
-from ..perforation import layer_specs
+from ..nn.layers import unwrap_model
+from ..nn.perforation import fit_structure, layer_specs
 from .dcp_checkpoint import (
     DCP,
     format_of,
@@ -42,9 +37,10 @@ from .dcp_checkpoint import (
     restore_dcp,
     save_dcp_checkpoint,
 )
+from .optim import OptimizerRecipe, SchedulerRecipe
 from .rehearsal import checked_state, rehearse_checkpoint, rehearse_rule
 from .state import RESTRUCTURE, BestSnapshot, ControllerState, Decision
-from .surgery import arm_probe, fit_structure
+from .surgery import arm_probe
 
 if TYPE_CHECKING:
     from typing import Self

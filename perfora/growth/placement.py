@@ -11,7 +11,7 @@ from collections.abc import Container
 from torch import nn
 
 from ..errors import OrderError
-from ..layers import unwrap_model
+from ..nn.layers import unwrap_model
 
 
 def check_reported_model(current: nn.Module, model: nn.Module,

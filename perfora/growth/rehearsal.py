@@ -15,15 +15,18 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..checkpoint import Checkpoint, rehearse_load, shadow_copy
-from ..checkpoint_schema import check_like, validate_controller_state
+from ..checkpoint.format import Checkpoint
+from ..checkpoint.model_state import rehearse_load, shadow_copy
+from ..checkpoint.optimizer_state import join_optimizer_state
+from ..checkpoint.schema import check_like, validate_controller_state
 from ..config import PerforaConfig
 from ..errors import CheckpointError, ConversionError
-from ..layers import dendritic_layers
-from ..optim import OptimizerRecipe, SchedulerRecipe, join_optimizer_state, step_scheduler
+from ..nn.layers import dendritic_layers
+from ..nn.perforation import fit_structure
 from ..rules import make_rule
+from .optim import OptimizerRecipe, SchedulerRecipe, step_scheduler
 from .state import ControllerState
-from .surgery import apply_activation, fit_structure
+from .surgery import apply_activation
 
 
 def checked_state(data: Any, source: str = "the saved perfora state") -> ControllerState:

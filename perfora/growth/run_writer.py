@@ -18,12 +18,13 @@ from typing import TYPE_CHECKING
 import torch
 
 from .._version import __version__
-from ..checkpoint import atomic_write_bytes, encode_checkpoint, to_storable
-from ..checkpoint_dcp import DCP_SUFFIX, copy_dcp
+from ..checkpoint.dcp import DCP_SUFFIX, copy_dcp
+from ..checkpoint.files import atomic_write_bytes
+from ..checkpoint.format import encode_checkpoint, to_storable
 from ..config import PerforaConfig
-from ..parallel.collectives import is_rank_zero
-from ..report import RunReport
+from ..distributed.collectives import is_rank_zero
 from .dcp_checkpoint import DCP, resolve_format, save_dcp_checkpoint, warn_single_process
+from .report import RunReport
 from .state import CONTINUE, RESTRUCTURE
 
 if TYPE_CHECKING:

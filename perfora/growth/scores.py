@@ -10,8 +10,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..config import PerforaConfig
+from ..distributed.collectives import agree_on_scores
 from ..errors import ScoreError
-from ..parallel.collectives import agree_on_scores
 from .state import ControllerState, as_score
 
 

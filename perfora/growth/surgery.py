@@ -7,7 +7,6 @@ loaded (controller, :func:`save_model`/:func:`load_model`, adapters).
 
 from __future__ import annotations
 
-import os
 import zlib
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -15,61 +14,17 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from ..candidates import GrowthPlan, plan_growth
-from ..checkpoint import (
-    Checkpoint,
-    load_checkpoint,
-    load_state_into,
-    rehearse_load,
-    save_checkpoint,
-    shadow_copy,
-)
-from ..checkpoint_schema import validate_structure
-from ..errors import CheckpointError, ConversionError, PerforationError, ShapeMismatchError
-from ..layers import dendritic_layers, unwrap_model
-from ..parallel.collectives import all_reduce_values
-from ..perforation import layer_specs, rebuild_structure
+from ..checkpoint.schema import validate_structure
+from ..distributed.collectives import all_reduce_values
+from ..errors import PerforationError
+from ..nn.layers import dendritic_layers, unwrap_model
+from ..nn.perforation import fit_structure, layer_specs
+from .candidates import GrowthPlan, plan_growth
 from .policy import growth_may_come_next
 from .state import BestSnapshot
 
 if TYPE_CHECKING:
     from .controller import GrowthController
-
-
-def fit_structure(model: nn.Module, specs: Mapping[str, Mapping[str, Any]], source: str,
-                  error: type[CheckpointError] = CheckpointError) -> None:
-    """rebuild_structure with its ConversionError turned into ``error`` naming ``source``."""
-    try:
-        rebuild_structure(model, specs)
-    except ConversionError as exc:
-        raise error(f"{source}: {exc}") from exc
-
-
-def save_model(path: str | os.PathLike, model: nn.Module, **meta: Any) -> None:
-    """Save a perforated model (structure + weights) without controller state."""
-    ckpt = Checkpoint(tensors={"model": unwrap_model(model).state_dict()},
-                      meta={"structure": layer_specs(model), **meta})
-    save_checkpoint(path, ckpt)
-
-
-def load_model(model: nn.Module, path: str | os.PathLike) -> nn.Module:
-    """Load structure and weights into ``model`` (converted or not); returns it.
-
-    The load is rehearsed on a weightless copy first: a checkpoint that does not fit raises
-    before ``model`` is changed."""
-    ckpt = load_checkpoint(path)
-    if "model" not in ckpt.tensors:
-        raise CheckpointError(f"{path} holds no model weights")
-    if "structure" not in ckpt.meta:
-        raise CheckpointError(f"{path}: structure: missing")
-    specs, state = ckpt.meta["structure"], ckpt.tensors["model"]
-    shadow = shadow_copy(model)
-    if shadow is not None:
-        fit_structure(shadow, specs, str(path), ShapeMismatchError)
-        rehearse_load(shadow, state, str(path))
-    fit_structure(model, specs, str(path), ShapeMismatchError)
-    load_state_into(model, state, str(path))
-    return model
 
 
 def apply_activation(layers: Mapping[str, Any], activation: str | None) -> None:

@@ -23,7 +23,7 @@ import torch
 
 from ..errors import OrderError
 from ..growth import Decision, GrowthController
-from ..layers import unwrap_model
+from ..nn.layers import unwrap_model
 
 CONTROLLER_FILE = "perfora.safetensors"
 

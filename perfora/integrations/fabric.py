@@ -25,7 +25,7 @@ import torch
 
 from ..errors import OrderError
 from ..growth.state import Decision
-from ..layers import unwrap_model
+from ..nn.layers import unwrap_model
 
 
 def setup_after_growth(fabric: Any, decision: Decision) -> tuple[Any, torch.optim.Optimizer]:

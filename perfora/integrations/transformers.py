@@ -29,13 +29,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from ..checkpoint.format import Checkpoint, load_checkpoint, save_checkpoint
 from ..config import PerforaConfig, nearest_name
 from ..errors import CheckpointError, ConfigError, OrderError, PerforaError
 from ..growth import GrowthController
 from ..growth.state import CONTINUE, Decision
-from ..layers import dendritic_layers, unwrap_model
-from ..perforation import layer_specs, perforate
+from ..nn.layers import dendritic_layers, unwrap_model
+from ..nn.perforation import layer_specs, perforate
 from .accelerate import _forget
 
 try:

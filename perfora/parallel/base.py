@@ -13,12 +13,13 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from ..checkpoint import load_state_into, shadow_copy, to_storable
+from ..checkpoint.format import to_storable
+from ..checkpoint.model_state import load_state_into, shadow_copy
+from ..checkpoint.optimizer_state import split_optimizer_state, split_state_dict
+from ..distributed.fingerprint import check_same_structure
 from ..errors import ParallelError
-from ..layers import DendriticLayer, dendritic_layers, unwrap_model
-from ..optim import split_optimizer_state, split_state_dict
-from ..perforation import rebuild_structure
-from .fingerprint import check_same_structure
+from ..nn.layers import DendriticLayer, dendritic_layers, unwrap_model
+from ..nn.perforation import rebuild_structure
 from .sharded_state import ShardSpec, full_state_dict, gather_optimizer_state, shard_optimizer_state
 
 OptimizerState = tuple[dict[str, torch.Tensor], dict]

@@ -23,8 +23,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..distributed.fingerprint import check_same_structure
 from ..errors import ParallelError
-from ..layers import dendritic_layers, unwrap_model
+from ..nn.layers import dendritic_layers, unwrap_model
 from . import zero3
 from .base import (
     LayerEdit,
@@ -44,7 +45,6 @@ from .deepspeed_config import (
     recipe,
     zero_stage,
 )
-from .fingerprint import check_same_structure
 
 DEEPSPEED_KIND = "deepspeed"
 _SPEC_ATTR = "_perfora_wrapper_spec"

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from torch import nn
 
-from ..layers import unwrap_model
+from ..distributed.fingerprint import check_same_structure
+from ..nn.layers import unwrap_model
 from .base import ReplicatedBackend
-from .fingerprint import check_same_structure
 from .wrappers import WrapperSpec
 
 

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from ..errors import ParallelError
-from ..layers import dendritic_layers, unwrap_model
+from ..nn.layers import dendritic_layers, unwrap_model
 from .base import OptimizerState, ShardedBackend
 from .sharded_state import FSDP1_KIND, ShardSpec, is_fsdp1, is_fsdp2
 

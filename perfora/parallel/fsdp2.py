@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from ..errors import ParallelError
-from ..layers import dendritic_layers
+from ..nn.layers import dendritic_layers
 from .base import LayerEdit, Prepare, ShardedBackend
 from .shard_local import (
     META,

@@ -21,12 +21,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..distributed.collectives import is_distributed
+from ..distributed.fingerprint import check_same_structure
 from ..errors import ParallelError
-from ..layers import DendriticLayer, dendritic_layers
-from ..perforation import rebuild_structure
+from ..nn.layers import DendriticLayer, dendritic_layers
+from ..nn.perforation import rebuild_structure
 from .base import LayerEdit
-from .collectives import is_distributed
-from .fingerprint import check_same_structure
 from .sharded_state import _local_device, chunk_for
 
 # a layer's settings that may change after sharding (the controller sets the activation,

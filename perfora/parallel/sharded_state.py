@@ -18,8 +18,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..distributed.collectives import is_distributed
 from ..errors import CheckpointError, ParallelError
-from .collectives import is_distributed
 
 FSDP2_KIND = "fsdp2"
 FSDP1_KIND = "fsdp1"
@@ -205,7 +205,7 @@ class ShardSpec:
             return model
         if self.template is None:
             raise ParallelError("perfora lost the unsharded copy of this FSDP2 model; shard "
-                                "it with perfora.distributed.shard_fsdp2")
+                                "it with perfora.parallel.shard_fsdp2")
         state = full_state_dict(model)
         # the template is kept on the CPU or, structure only, on the meta device; the copy
         # goes where the shards live (NCCL can only broadcast device tensors)

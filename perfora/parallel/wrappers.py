@@ -136,7 +136,7 @@ def wrapper_spec(model: nn.Module
             "this model is sharded with FSDP, but not through perfora: perfora cannot re-shard "
             "it after adding dendrites (fully_shard cannot be applied twice, and new dendrite "
             "parameters would be neither sharded nor synchronized). Shard the perforated, "
-            "unsharded model with perfora.distributed.shard_fsdp2(model, mesh=..., "
+            "unsharded model with perfora.parallel.shard_fsdp2(model, mesh=..., "
             "**fully_shard_kwargs) instead of fully_shard/FullyShardedDataParallel")
     return None
 

@@ -23,8 +23,8 @@ import torch.distributed as dist
 from torch import nn
 
 from ..errors import ParallelError
-from ..layers import dendritic_layers
-from ..perforation import rebuild_structure
+from ..nn.layers import dendritic_layers
+from ..nn.perforation import rebuild_structure
 from .base import LayerEdit, Prepare
 from .shard_local import _LIVE_SETTINGS, META, _join, _set_child
 

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..layers import DendriticLayer
+from ..nn.layers import DendriticLayer
 
 
 @dataclass

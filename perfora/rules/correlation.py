@@ -22,10 +22,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..layers import DendriticLayer
-from ..moments import abs_correlation
-from ..parallel.collectives import all_reduce_values, is_distributed
+from ..distributed.collectives import all_reduce_values, is_distributed
+from ..nn.layers import DendriticLayer
 from .base import LearningRule, RuleStep
+from .moments import abs_correlation
 
 DENDRITE = "dendrite"
 
@@ -195,7 +195,7 @@ class CorrelationRule(LearningRule):
         """Freeze (dendrite phase) or restore the trainable parameters outside the layers."""
         if self._model is None:
             return
-        from ..layers import unwrap_model
+        from ..nn.layers import unwrap_model
 
         inner = unwrap_model(self._model)
         inside = {id(p) for m in inner.modules() if isinstance(m, DendriticLayer)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ..layers import DendriticLayer
+from ..nn.layers import DendriticLayer
 from .base import LearningRule
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from script_server import ScriptServer
+from .script_server import ScriptServer
 
 
 def run_two_ranks(server: ScriptServer, script: Path, out: Path, *extra: str,

@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from paths import ROOT
-from script_server import ScriptServer
+from tests.support.paths import ROOT
+from tests.support.script_server import ScriptServer
 
 from perfora.cli import main
 

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from paths import SCRIPTS
+from tests.support.paths import SCRIPTS
 from safetensors import safe_open
 from safetensors.torch import load_file
-from script_server import ScriptServer
+from tests.support.script_server import ScriptServer
 from torch import nn
 
 from perfora import dendritic_layers

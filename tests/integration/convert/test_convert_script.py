@@ -29,8 +29,8 @@ import pytest
 
 pytest.importorskip("libcst", reason="perfora convert needs libcst (the dev extra has it)")
 
-from paths import ROOT, SCRIPTS
-from script_server import ScriptServer
+from tests.support.paths import ROOT, SCRIPTS
+from tests.support.script_server import ScriptServer
 
 from perfora import convert_source  # noqa: E402
 from perfora.cli import main  # noqa: E402

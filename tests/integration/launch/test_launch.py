@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from paths import ROOT, SCRIPTS
+from tests.support.paths import ROOT, SCRIPTS
 
 from perfora.cli import main
 from perfora.cli.launch import (

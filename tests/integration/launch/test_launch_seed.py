@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from paths import ROOT, SCRIPTS
+from tests.support.paths import ROOT, SCRIPTS
 
 ROOT = ROOT
 SEED_SCRIPT = SCRIPTS / "launch" / "seed_ddp_train.py"

@@ -15,7 +15,7 @@ from test_ddp import batch, make_model, max_rank_diff, run_ranks
 from torch import nn
 
 import perfora
-from perfora.distributed import wrap_ddp
+from perfora.parallel import wrap_ddp
 
 
 def _correlation_worker(rank: int, tmp: Path) -> dict:

@@ -16,14 +16,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from ranks import run_world
+from tests.support.ranks import run_world
 from torch import nn
 
 import perfora
-from perfora.checkpoint_dcp import META_FILE, old_path
+from perfora.checkpoint.dcp import META_FILE, old_path
 from perfora.errors import CheckpointError
+from perfora.growth.restart import newest_switch
 from perfora.parallel.sharded_state import gather_optimizer_state
-from perfora.restart import newest_switch
 
 pytestmark = pytest.mark.xdist_group("dcp")
 
@@ -57,10 +57,10 @@ def wrap(model: nn.Module, kind: str, world: int) -> nn.Module:
     if world == 1:
         return model
     if kind == "ddp":
-        return perfora.distributed.wrap_ddp(model)
+        return perfora.parallel.wrap_ddp(model)
     from torch.distributed.device_mesh import init_device_mesh
 
-    return perfora.distributed.shard_fsdp2(model, mesh=init_device_mesh("cpu", (world,)))
+    return perfora.parallel.shard_fsdp2(model, mesh=init_device_mesh("cpu", (world,)))
 
 
 def snapshot(ctl: perfora.GrowthController) -> dict:
@@ -74,7 +74,7 @@ def snapshot(ctl: perfora.GrowthController) -> dict:
                  for i, entry in sd["state"].items()}
     full = ctl.backend.full_state(model)
     return {"params": {k: v.tolist() for k, v in sorted(full.items())},
-            "optim": optim, "structure": perfora.perforation.layer_specs(inner),
+            "optim": optim, "structure": perfora.nn.perforation.layer_specs(inner),
             "epoch": ctl.epoch, "dendrites": ctl.num_dendrites,
             "switch_epochs": ctl.state.switch_epochs, "best": ctl.best_score,
             "best_structure": None if ctl.best_snapshot is None else ctl.best_snapshot[0]}

@@ -12,13 +12,14 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from ranks import run_in_folder
+from tests.support.ranks import run_in_folder
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import perfora
-from perfora.distributed import RankMismatchError, wrap_ddp
+from perfora.distributed import RankMismatchError
+from perfora.parallel import wrap_ddp
 
 WORLD = 2
 JOIN_S = 90
@@ -211,7 +212,7 @@ def mismatch(rank: int, tmp: Path) -> dict:
 def selective_growth_on_rank_data(rank: int, tmp: Path) -> dict:
     """Each rank sees its own data (labels from another feature per rank): the neurons and
     weights grown must still be the same everywhere, chosen from all-reduced statistics."""
-    from perfora.candidates import plan_growth
+    from perfora.growth.candidates import plan_growth
 
     model = make_model(seed=7)
     ddp = DDP(model)

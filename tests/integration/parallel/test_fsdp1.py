@@ -11,8 +11,8 @@ from test_ddp import make_model, run_ranks, train_epoch
 from torch.distributed.fsdp import FullyShardedDataParallel
 
 import perfora
-from perfora.distributed import full_state_dict, wrap_ddp, wrap_fsdp1
 from perfora.errors import ConversionError
+from perfora.parallel import full_state_dict, wrap_ddp, wrap_fsdp1
 
 CPU = torch.device("cpu")
 

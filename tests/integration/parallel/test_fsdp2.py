@@ -17,9 +17,9 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 
 import perfora
-from perfora.checkpoint import load_checkpoint
-from perfora.checkpoint_dcp import read_dcp
-from perfora.distributed import full_state_dict, shard_fsdp2
+from perfora.checkpoint.dcp import read_dcp
+from perfora.checkpoint.format import load_checkpoint
+from perfora.parallel import full_state_dict, shard_fsdp2
 from perfora.parallel.sharded_state import gather_optimizer_state, shard_optimizer_state
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 
 import pytest
-from paths import ROOT
+from tests.support.paths import ROOT
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from restructure_memory import OPERATIONS, TARGET, measure, ratios  # noqa: E402

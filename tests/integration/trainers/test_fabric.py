@@ -4,8 +4,8 @@ own data."""
 from __future__ import annotations
 
 import pytest
-from paths import SCRIPTS
-from two_ranks import run_two_ranks
+from tests.support.paths import SCRIPTS
+from tests.support.two_ranks import run_two_ranks
 
 pytest.importorskip("lightning.fabric")
 

@@ -16,15 +16,15 @@ pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
 import torch  # noqa: E402
-from paths import SCRIPTS  # noqa: E402
+from tests.support.paths import SCRIPTS  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
 
 sys.path.insert(0, str(SCRIPTS / "trainers"))
 from hf_tiny import Blobs, TinyClassifier, TinyConfig, digest, make_trainer  # noqa: E402
-from two_ranks import run_two_ranks  # noqa: E402
+from tests.support.two_ranks import run_two_ranks  # noqa: E402
 
 import perfora  # noqa: E402
-from perfora.integrations.transformers import (  # noqa: E402
+from perfora.integrations.transformers import (
     CONTROLLER_FILE,
     DendriteGrowthCallback,
     load_grown_pretrained,

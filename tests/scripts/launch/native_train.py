@@ -23,7 +23,7 @@ import torch.distributed as dist
 from torch import nn
 
 import perfora
-from perfora.restart import ATTEMPT_ENV, mark_training_complete
+from perfora.growth.restart import ATTEMPT_ENV, mark_training_complete
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--perforate_model_parallel", action="store_true")

@@ -19,7 +19,7 @@ from sklearn.datasets import load_digits
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from perfora.lightning import DendriteGrowth
+from perfora.integrations.lightning import DendriteGrowth
 
 
 def digits_loaders(batch_size: int) -> tuple[DataLoader, DataLoader]:
@@ -45,7 +45,7 @@ class DigitsNet(pl.LightningModule):
         import perfora
 
         if self.shard == "fsdp1":
-            if not perfora.distributed.is_fsdp1(self.net):
+            if not perfora.parallel.is_fsdp1(self.net):
                 self.net = perfora.wrap_fsdp1(self.net,
                                               device_id=self.trainer.strategy.root_device)
         elif self.shard:

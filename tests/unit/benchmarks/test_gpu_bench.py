@@ -14,7 +14,7 @@ import sys
 
 import pytest
 import torch
-from paths import ROOT
+from tests.support.paths import ROOT
 
 SCRIPT = ROOT / "benchmarks" / "gpu_bench.py"
 

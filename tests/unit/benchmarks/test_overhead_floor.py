@@ -12,7 +12,7 @@ import importlib.util
 
 import pytest
 import torch
-from paths import ROOT
+from tests.support.paths import ROOT
 
 
 def load_overhead():

@@ -506,7 +506,7 @@ def test_unserializable_metadata_leaves_previous_file_intact(tmp_path):
 def test_checkpoint_whose_header_length_starts_with_0x80_is_not_taken_for_a_pickle(
         tmp_path: Path) -> None:
     """A safetensors header length whose low byte is 0x80 (1 file in 256) must load."""
-    from perfora.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+    from perfora.checkpoint.format import Checkpoint, load_checkpoint, save_checkpoint
 
     path = tmp_path / "c.safetensors"
     for pad in range(600):

@@ -14,11 +14,11 @@ import torch
 from torch import nn
 
 import perfora
-from perfora.checkpoint_dcp import META_FILE
+from perfora.checkpoint.dcp import META_FILE
 from perfora.errors import CheckpointError, ConfigError
 from perfora.growth.dcp_checkpoint import format_of, resolve_format
+from perfora.growth.restart import newest_switch
 from perfora.parallel import backend_of
-from perfora.restart import newest_switch
 
 SETTINGS = {"switch_mode": "fixed", "fixed_switch_num": 1, "max_dendrites": 3,
             "dendrite_init": "default", "checkpoint_time_budget": None}

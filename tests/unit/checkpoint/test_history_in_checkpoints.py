@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 import perfora
-from perfora.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from perfora.checkpoint.format import Checkpoint, load_checkpoint, save_checkpoint
 
 CONFIG = {"maximize": False, "switch_mode": "fixed", "fixed_switch_num": 4,
           "max_dendrites": 2, "retain_all_dendrites": True}

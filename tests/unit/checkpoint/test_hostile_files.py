@@ -23,18 +23,13 @@ from hypothesis import strategies as st
 from torch import nn
 
 import perfora
-from perfora import (
-    CheckpointError,
-    GrowthController,
-    ShapeMismatchError,
-    checkpoint_schema,
-    load_checkpoint,
-)
-from perfora import checkpoint as ckpt_module
-from perfora.checkpoint import append_text, remove_stale_temp_files
+from perfora import CheckpointError, GrowthController, ShapeMismatchError, load_checkpoint
+from perfora.checkpoint import files as ckpt_module
+from perfora.checkpoint import schema as checkpoint_schema
+from perfora.checkpoint.files import append_text, remove_stale_temp_files
 from perfora.growth import run_writer as run_writer_module
-from perfora.layers import DendriticLayer
-from perfora.perforation import layer_specs
+from perfora.nn.layers import DendriticLayer
+from perfora.nn.perforation import layer_specs
 
 X = torch.randn(16, 4, generator=torch.Generator().manual_seed(0))
 
@@ -305,7 +300,7 @@ def test_a_huge_file_is_refused_from_its_header_without_reading_it(tmp_path: Pat
 
 
 def test_bool_tensors_hold_only_zero_and_one(tmp_path: Path) -> None:
-    from perfora.checkpoint import Checkpoint, save_checkpoint
+    from perfora.checkpoint.format import Checkpoint, save_checkpoint
 
     path = tmp_path / "mask.safetensors"
     save_checkpoint(path, Checkpoint(tensors={"model": {"m": torch.tensor([True, False])}}))

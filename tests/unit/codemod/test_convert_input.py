@@ -18,7 +18,7 @@ pytest.importorskip("libcst", reason="perfora convert needs libcst (the dev extr
 
 import libcst as cst  # noqa: E402
 from libcst.metadata import MetadataWrapper, PositionProvider  # noqa: E402
-from paths import ROOT, SCRIPTS
+from tests.support.paths import ROOT, SCRIPTS
 
 from perfora.cli import main  # noqa: E402
 from perfora.cli.convert import MAX_SIZE  # noqa: E402

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from perfora.checkpoint import load_checkpoint
+from perfora.checkpoint.format import load_checkpoint
 from perfora.compat import globals_perforatedai as GPA
 from perfora.compat import utils_perforatedai as UPA
 

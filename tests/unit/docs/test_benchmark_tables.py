@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from paths import ROOT
+from tests.support.paths import ROOT
 
 
 def test_benchmark_tables_match_the_json() -> None:

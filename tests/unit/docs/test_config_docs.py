@@ -7,7 +7,7 @@ import dataclasses
 import importlib.util
 import re
 
-from paths import ROOT
+from tests.support.paths import ROOT
 
 import perfora
 

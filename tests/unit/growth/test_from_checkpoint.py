@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import perfora
-from perfora import checkpoint as ckpt_module
+from perfora.checkpoint import format as ckpt_module
 from perfora.growth import persistence
 
 

@@ -12,10 +12,10 @@ from torch import nn
 
 import perfora
 from perfora import ConfigError, ConversionError, DendriticLayer, GrowthController, PerforaConfig
-from perfora.candidates import plan_growth
-from perfora.layers import dendritic_layers
-from perfora.perforation import layer_specs, rebuild_structure
-from perfora.signal import ErrorSignalProbe, input_rows
+from perfora.growth.candidates import plan_growth
+from perfora.growth.signal import ErrorSignalProbe, input_rows
+from perfora.nn.layers import dendritic_layers
+from perfora.nn.perforation import layer_specs, rebuild_structure
 
 ACT = {"sigmoid": torch.sigmoid, "tanh": torch.tanh, "relu": F.relu}
 CASES = {

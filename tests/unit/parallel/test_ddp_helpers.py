@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from paths import ROOT
+from tests.support.paths import ROOT
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 import perfora
-from perfora.distributed import set_epoch, structure_fingerprint, wrapper_spec
+from perfora.distributed import set_epoch, structure_fingerprint
+from perfora.parallel import wrapper_spec
 
 
 def make_model() -> nn.Module:
@@ -84,7 +85,7 @@ def test_init_from_env_without_torchrun_is_single_process(monkeypatch):
 
 def test_wrap_ddp_refuses_init_sync_false():
     with pytest.raises(perfora.PerforaError, match="init_sync"):
-        perfora.distributed.wrap_ddp(make_model(), init_sync=False)
+        perfora.parallel.wrap_ddp(make_model(), init_sync=False)
 
 
 def test_readme_ddp_example_compiles_and_uses_public_names():

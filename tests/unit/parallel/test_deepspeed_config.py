@@ -191,7 +191,7 @@ def test_lightning_zero3_points_to_wrap_deepspeed() -> None:
     pytest.importorskip("deepspeed")
     strategies = pytest.importorskip("lightning.pytorch.strategies")
     from perfora.errors import PerforaError
-    from perfora.lightning import DendriteGrowth
+    from perfora.integrations.lightning import DendriteGrowth
 
     with pytest.raises(PerforaError, match="wrap_deepspeed"):
         DendriteGrowth()._check_strategy(strategies.DeepSpeedStrategy(stage=3))

@@ -18,7 +18,7 @@ from perfora import (
     dendritic_layers,
     perforate,
 )
-from perfora.layers import DendriticLayer
+from perfora.nn.layers import DendriticLayer
 from perfora.rules.correlation import CorrelationTap, correlation_gradient
 
 X = torch.linspace(-2, 2, 96).unsqueeze(1) * torch.tensor([[1.0, -0.7]])

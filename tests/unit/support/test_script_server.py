@@ -9,7 +9,7 @@ import signal
 from pathlib import Path
 
 import pytest
-from script_server import ScriptServer
+from tests.support.script_server import ScriptServer
 
 SCRIPT = """
 import json, os, sys, time

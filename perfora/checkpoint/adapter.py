@@ -1,0 +1,116 @@
+"""Dendrites as an adapter: save only what growth added, and apply it to a fresh base model.
+
+A large pretrained model that gained dendrites can ship them as a small file, the way PEFT
+adapters ship low-rank updates: :func:`save_dendrites` writes each wrapped layer's dendrite
+tensors (bank, cascade, ``v``, set masks) and the structure, never the base weights;
+:func:`load_dendrites` perforates a freshly built base model the same way and loads them.
+A checksum of each wrapped base layer is saved too, so applying the dendrites to other base
+weights than they were trained on gives a warning.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+import zlib
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import CheckpointError, ShapeMismatchError
+from ..nn.layers import dendritic_layers, unwrap_model
+from ..nn.perforation import fit_structure, layer_specs
+from .format import Checkpoint, load_checkpoint, save_checkpoint
+from .model_state import shadow_copy
+
+CONTENT = "dendrites"
+_GROUP = "dendrites"
+
+
+def dendrite_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The tensors growth added, by state-dict key (the base layers' own weights left out)."""
+    out: dict[str, torch.Tensor] = {}
+    for path, layer in dendritic_layers(unwrap_model(model)).items():
+        for key, value in layer.state_dict().items():
+            if not key.startswith("base."):
+                out[f"{path}.{key}"] = value
+    return out
+
+
+def base_checksums(model: nn.Module) -> dict[str, int]:
+    """Per wrapped layer, a CRC32 of its base weights (to notice other base weights)."""
+    sums: dict[str, int] = {}
+    for path, layer in dendritic_layers(unwrap_model(model)).items():
+        crc = 0
+        for _, tensor in sorted(layer.base.state_dict().items()):
+            if tensor.device.type == "meta":
+                continue
+            crc = zlib.crc32(tensor.detach().cpu().contiguous().view(torch.uint8).numpy()
+                             .tobytes(), crc)
+        sums[path] = crc
+    return sums
+
+
+def save_dendrites(model: nn.Module, path: str | os.PathLike, **meta: Any) -> None:
+    """Write only the dendrites of ``model`` (safetensors + structure), atomically."""
+    inner = unwrap_model(model)
+    if not dendritic_layers(inner):
+        raise CheckpointError("save_dendrites(): the model has no dendritic layers; "
+                              "perforate and grow it first")
+    save_checkpoint(path, Checkpoint(
+        tensors={_GROUP: dendrite_state(inner)},
+        meta={"content": CONTENT, "structure": layer_specs(inner),
+              "base_checksums": base_checksums(inner), **meta}))
+
+
+def load_dendrites(model: nn.Module, path: str | os.PathLike) -> nn.Module:
+    """Perforate ``model`` (a freshly built base model, converted or not) as the saved one was
+    and load the saved dendrites; its own base weights are kept. Returns ``model``.
+
+    Everything is checked on a weightless copy first: a file that does not fit raises
+    :class:`ShapeMismatchError` or :class:`CheckpointError` with ``model`` unchanged."""
+    ckpt = load_checkpoint(path)
+    if ckpt.meta.get("content") != CONTENT or _GROUP not in ckpt.tensors:
+        raise CheckpointError(f"{path} is not a dendrites file (save_dendrites writes those); "
+                              "use perfora.load_model or controller.load for full checkpoints")
+    specs, state = ckpt.meta.get("structure"), ckpt.tensors[_GROUP]
+    if not isinstance(specs, dict):
+        raise CheckpointError(f"{path}: structure: expected an object, got "
+                              f"{type(specs).__name__}")
+    shadow = shadow_copy(model)
+    if shadow is not None:
+        fit_structure(shadow, specs, str(path), ShapeMismatchError)
+        _check_fits(shadow, state, str(path))
+    fit_structure(model, specs, str(path), ShapeMismatchError)
+    _check_fits(model, state, str(path))
+    unwrap_model(model).load_state_dict(dict(state), strict=False)
+    _warn_on_other_base(model, ckpt.meta.get("base_checksums"), str(path))
+    return model
+
+
+def _check_fits(model: nn.Module, state: dict[str, torch.Tensor], source: str) -> None:
+    """ShapeMismatchError unless ``state`` holds exactly the model's dendrite tensors."""
+    own = {key: value.shape for key, value in dendrite_state(model).items()}
+    missing = sorted(set(own) - set(state))
+    unexpected = sorted(set(state) - set(own))
+    if missing or unexpected:
+        raise ShapeMismatchError(f"{source} does not fit this model: missing {missing[:5]}, "
+                                 f"unexpected {unexpected[:5]}; build the base model the same "
+                                 "way as the one the dendrites were grown on")
+    for key, shape in own.items():
+        if tuple(state[key].shape) != tuple(shape):
+            raise ShapeMismatchError(f"{source}: {key!r} has shape {tuple(state[key].shape)} "
+                                     f"in the file but {tuple(shape)} in this model")
+
+
+def _warn_on_other_base(model: nn.Module, saved: Any, source: str) -> None:
+    if not isinstance(saved, dict):
+        return
+    now = base_checksums(model)
+    other = sorted(p for p, crc in saved.items() if p in now and now[p] != crc)
+    if other:
+        warnings.warn(f"{source}: the base weights of {other[:5]} differ from those the "
+                      "dendrites were grown on; the dendrites were loaded, but they were "
+                      "trained to correct other weights", stacklevel=3)
+

@@ -1,0 +1,307 @@
+"""Sharded checkpoints through ``torch.distributed.checkpoint`` (DCP): file IO only.
+
+A DCP checkpoint is a folder ``<name>.dcp``: DCP's ``.metadata`` and ``__<rank>_<n>.distcp``
+shard files, which hold tensors only (each rank writes its own shards, nothing is
+gathered), and ``perfora.json`` beside them with perfora's state (structure, controller,
+rule, config, optimizer hyperparameters). Every rank writes into ``.<name>.dcp.tmp``;
+rank 0 writes ``perfora.json`` last and renames the folder into place, so a folder under
+the final name is always complete and a failed write leaves the previous one valid.
+
+DCP's ``.metadata`` is a pickle: it is read with an unpickler that builds only DCP's own
+metadata classes (perfora never unpickles anything else); the shards are read by
+``torch.load(weights_only=True)``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pickle
+import shutil
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..distributed.collectives import is_distributed, is_rank_zero
+from ..errors import CheckpointError
+from .files import _fsync_folder, atomic_write_text, durable_writes
+from .schema import check_dict, parse_json
+
+DCP_SUFFIX = ".dcp"
+META_FILE = "perfora.json"
+DCP_FORMAT = "perfora-dcp-checkpoint"
+DCP_FORMAT_VERSION = 1
+MAX_META_BYTES = 64 * 1024 * 1024
+MAX_DCP_METADATA_BYTES = 512 * 1024 * 1024
+_NO_DIST_WARNING = "torch.distributed is disabled, unavailable or uninitialized"
+
+Tensors = dict[str, Any]
+"""Groups of tensors (``{"model": {...}, "optim": {fqn: {key: t}}}``), nested as DCP nests."""
+
+
+def is_dcp_path(path: str | os.PathLike) -> bool:
+    """True for a DCP checkpoint: a folder, or a name ending in ``.dcp``."""
+    path = Path(path)
+    return path.suffix == DCP_SUFFIX or path.is_dir()
+
+
+def temp_path(path: Path) -> Path:
+    """The folder a write fills before it is renamed to ``path``."""
+    return path.parent / f".{path.name}.tmp"
+
+
+def old_path(path: Path) -> Path:
+    """Where the previous checkpoint waits while the new one is renamed into place."""
+    return path.parent / f".{path.name}.old"
+
+
+def readable_path(path: str | os.PathLike) -> Path:
+    """``path``, or the previous checkpoint when a write died between its two renames."""
+    path = Path(path)
+    if not (path / META_FILE).is_file() and (old_path(path) / META_FILE).is_file():
+        return old_path(path)
+    return path
+
+
+def written_at(path: Path) -> float | None:
+    """When a checkpoint (file or DCP folder) was completed; None when it is not there."""
+    try:
+        return (readable_path(path) / META_FILE).stat().st_mtime if is_dcp_path(path) \
+            else path.stat().st_mtime
+    except OSError:
+        return None
+
+
+# ----------------------------------------------------------------------------- writing
+def _agree(error: BaseException | None) -> None:
+    """Rank 0's outcome to every rank (a collective): all raise its error, or none does."""
+    if not is_distributed():
+        if error is not None:
+            raise error
+        return
+    box: list[Any] = [None if error is None else f"{type(error).__name__}: {error}"]
+    dist.broadcast_object_list(box, src=0)
+    if error is not None:
+        raise error
+    if box[0] is not None:
+        raise CheckpointError(f"rank 0 could not write the checkpoint: {box[0]}")
+
+
+def save_dcp(path: str | os.PathLike, tensors: Tensors, meta: Mapping[str, Any]) -> None:
+    """Write a DCP checkpoint folder (a collective: every rank calls it with its shards).
+
+    The shards go to a temp folder, rank 0 adds ``perfora.json`` and renames the folder
+    over ``path``; a failure on any rank raises on every rank and leaves ``path`` as it was."""
+    import torch.distributed.checkpoint as dcp
+
+    path = Path(path)
+    tmp = temp_path(path)
+    error: BaseException | None = None
+    if is_rank_zero():
+        try:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        except OSError as exc:
+            error = CheckpointError(f"cannot create {tmp}: {exc}")
+    _agree(error)
+    writer = dcp.FileSystemWriter(tmp, sync_files=durable_writes())
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_NO_DIST_WARNING)
+        try:
+            dcp.save(tensors, storage_writer=writer, no_dist=not is_distributed())
+        except (Exception, dcp.api.CheckpointException) as exc:  # the latter: BaseException
+            raise CheckpointError(f"writing the shards of {path} failed: {exc}") from exc
+    if is_rank_zero():
+        try:
+            body = {**meta, "format": DCP_FORMAT, "format_version": DCP_FORMAT_VERSION}
+            atomic_write_text(tmp / META_FILE, json.dumps(body, allow_nan=True))
+            _swap_into_place(tmp, path)
+        except (OSError, TypeError, ValueError) as exc:
+            error = CheckpointError(f"cannot write {path}: {exc}")
+    _agree(error)
+
+
+def _swap_into_place(tmp: Path, path: Path) -> None:
+    """Rename the complete ``tmp`` folder to ``path``; the previous one is removed after."""
+    old = old_path(path)
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.exists():
+        shutil.rmtree(old, ignore_errors=True)  # (kept while it is the only complete one)
+        os.replace(path, old)
+    os.replace(tmp, path)
+    if durable_writes():
+        _fsync_folder(path.parent)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def copy_dcp(src: str | os.PathLike, dst: str | os.PathLike) -> None:
+    """A second name for a complete DCP folder (a collective: rank 0 links, every rank
+    learns the outcome)."""
+    error: BaseException | None = None
+    if is_rank_zero():
+        try:
+            _link_copy(Path(src), Path(dst))
+        except OSError as exc:
+            error = CheckpointError(f"cannot write {dst}: {exc}")
+    _agree(error)
+
+
+def _link_copy(src: Path, dst: Path) -> None:
+    """Hard links where the file system has them (shard files are never changed in place),
+    else copies; into a temp folder renamed into place, like a save."""
+    tmp = temp_path(dst)
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for entry in os.scandir(src):
+        if not entry.is_file(follow_symlinks=False):
+            continue
+        try:
+            os.link(entry.path, tmp / entry.name)
+        except OSError:
+            shutil.copy2(entry.path, tmp / entry.name)
+    _swap_into_place(tmp, dst)
+
+
+# ----------------------------------------------------------------------------- reading
+_ALLOWED = {
+    "torch.distributed.checkpoint.metadata": {
+        "Metadata", "ChunkStorageMetadata", "TensorStorageMetadata", "TensorProperties",
+        "StorageMeta", "MetadataIndex", "_MEM_FORMAT_ENCODING", "BytesStorageMetadata"},
+    "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
+    "torch.serialization": {"_get_layout"},
+    "pathlib": {"PosixPath", "WindowsPath", "PurePosixPath", "PureWindowsPath", "Path"},
+    "collections": {"OrderedDict"},
+    "torch": {"Size"},
+}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Builds DCP's metadata classes, torch.Size and dtypes; refuses every other global."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if name in _ALLOWED.get(module, ()):
+            return super().find_class(module, name)
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        raise pickle.UnpicklingError(f"{module}.{name} is not part of DCP's metadata")
+
+
+def read_dcp_metadata(path: Path) -> Any:
+    """DCP's ``.metadata`` of a checkpoint folder, unpickled with the allow-list above."""
+    file = path / ".metadata"
+    try:
+        size = file.stat().st_size
+        if size > MAX_DCP_METADATA_BYTES:
+            raise CheckpointError(f"{file} has {size} bytes, more than DCP metadata may have")
+        data = file.read_bytes()
+    except OSError as exc:
+        raise CheckpointError(f"{path} is incomplete: no readable DCP metadata ({exc})") from exc
+    try:
+        metadata = _MetadataUnpickler(io.BytesIO(data)).load()
+    except CheckpointError:
+        raise
+    except Exception as exc:
+        raise CheckpointError(f"{file} is corrupt or not DCP metadata: {exc}") from exc
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    if not isinstance(metadata, Metadata):
+        raise CheckpointError(f"{file} is not DCP metadata")
+    return metadata
+
+
+class _SafeReader:
+    """A FileSystemReader whose metadata comes from :func:`read_dcp_metadata`."""
+
+    def __new__(cls, path: Path, metadata: Any) -> Any:
+        from torch.distributed.checkpoint import FileSystemReader
+
+        class Reader(FileSystemReader):
+            def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+                return metadata
+
+        return Reader(path)
+
+
+Shapes = dict[str, dict[str, tuple[tuple[int, ...], torch.dtype]]]
+"""Shape and dtype of every saved tensor: group ("model", "optim", "best") -> key."""
+
+
+def _tensor_shapes(path: Path, metadata: Any) -> Shapes:
+    """Every saved tensor's group, key, shape and dtype, with the shard files checked."""
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    names = {p.name for p in path.iterdir()}
+    for index, info in metadata.storage_data.items():
+        file = getattr(info, "relative_path", None)
+        if not isinstance(file, str) or "/" in file or "\\" in file or file not in names:
+            raise CheckpointError(f"{path} is incomplete: the shard file {str(file)[:80]!r} "
+                                  f"of {getattr(index, 'fqn', '?')!r} is missing")
+    planner = metadata.planner_data if isinstance(metadata.planner_data, dict) else {}
+    shapes: Shapes = {}
+    for fqn, item in metadata.state_dict_metadata.items():
+        if not isinstance(item, TensorStorageMetadata):
+            raise CheckpointError(f"{path}: {fqn!r} is not a tensor (perfora's DCP "
+                                  "checkpoints hold tensors only)")
+        route = planner.get(fqn)
+        if isinstance(route, tuple | list) and len(route) >= 2:
+            group, key = str(route[0]), ".".join(str(r) for r in route[1:])
+        else:
+            group, _, key = fqn.partition(".")
+        shapes.setdefault(group, {})[key] = (tuple(item.size), item.properties.dtype)
+    return shapes
+
+
+def read_dcp(path: str | os.PathLike) -> tuple[dict[str, Any], Shapes, Any]:
+    """perfora's JSON state, the saved tensors' shapes and DCP's metadata of a folder.
+
+    CheckpointError naming the folder when it is missing, incomplete or corrupt."""
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"no DCP checkpoint at {path}")
+    file = path / META_FILE
+    try:
+        if file.stat().st_size > MAX_META_BYTES:
+            raise CheckpointError(f"{file} is larger than perfora's state may be")
+        raw = file.read_bytes()
+    except OSError as exc:
+        raise CheckpointError(f"{path} is incomplete: no {META_FILE} ({exc}); a write was "
+                              "interrupted, load the previous checkpoint") from exc
+    meta = check_dict(parse_json(raw, str(file)), str(file))
+    if meta.get("format") != DCP_FORMAT:
+        raise CheckpointError(f"{file} has format {str(meta.get('format'))[:40]!r}, "
+                              f"expected {DCP_FORMAT}")
+    version = meta.get("format_version")
+    if isinstance(version, int) and not isinstance(version, bool) \
+            and version > DCP_FORMAT_VERSION:
+        raise CheckpointError(f"{path} was written by a newer perfora (format version "
+                              f"{version}); upgrade perfora to read it")
+    metadata = read_dcp_metadata(path)
+    return meta, _tensor_shapes(path, metadata), metadata
+
+
+def load_dcp(path: str | os.PathLike, target: Tensors, metadata: Any) -> None:
+    """Read the saved tensors into ``target`` in place (a collective when distributed; DCP
+    cuts each tensor to the shards ``target`` holds, whatever the world size that saved it)."""
+    import torch.distributed.checkpoint as dcp
+
+    path = Path(path)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_NO_DIST_WARNING)
+        try:
+            dcp.load(target, storage_reader=_SafeReader(path, metadata),
+                     no_dist=not is_distributed())
+        except (Exception, dcp.api.CheckpointException) as exc:  # the latter: BaseException
+            raise CheckpointError(f"{path}: reading the shards failed (corrupt or "
+                                  f"truncated?): {_first_line(exc)}") from exc
+
+
+def _first_line(exc: BaseException) -> str:
+    """A short description of a (DCP) exception: its first lines, at most 300 characters."""
+    text = " ".join(str(exc).split())
+    return text[:300] + ("..." if len(text) > 300 else "")

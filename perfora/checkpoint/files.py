@@ -1,0 +1,115 @@
+"""Files on disk: atomic writes (temp file, fsync, rename), appends that never follow a
+symlink, and the cleanup of temp files a killed write left behind."""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+import tempfile
+from pathlib import Path
+
+TEMP_PATTERN = re.compile(r"^\.(?P<name>.+)\.[a-z0-9_]{8}\.tmp$")
+"""Names of the temp files :func:`atomic_write_bytes` creates (``.<name>.<random>.tmp``)."""
+
+
+def _fsync_folder(folder: Path) -> None:
+    """Make a rename in ``folder`` durable (POSIX; a no-op where folders cannot be opened)."""
+    flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
+    try:
+        fd = os.open(folder, flags)
+    except OSError:
+        return  # Windows, or a folder we may not open: the rename itself was done
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some file systems (and platforms) do not fsync folders
+    finally:
+        os.close(fd)
+
+
+def durable_writes() -> bool:
+    """True unless the environment sets ``PERFORA_FSYNC=0``: then writes skip fsync (faster
+    on slow file systems and in test suites; a power loss may then lose the newest file)."""
+    return os.environ.get("PERFORA_FSYNC", "1").strip().lower() not in ("0", "false", "no",
+                                                                          "off")
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Write to a temp file in the same folder, fsync it, rename it over the target, fsync
+    the folder (see :func:`durable_writes`). A symlink at ``path`` is replaced, never
+    followed."""
+    path = Path(path)
+    durable = durable_writes()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            if durable:
+                handle.flush()
+                os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    if durable:
+        _fsync_folder(path.parent)
+
+
+def append_text(path: str | os.PathLike, text: str) -> bool:
+    """Append to a regular file without following a symlink; False when ``path`` is not a
+    regular file (missing, a symlink, a FIFO...): then rewrite it with atomic_write_text."""
+    flags = (os.O_WRONLY | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0)
+             | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    if not hasattr(os, "O_NOFOLLOW") and os.path.islink(path):
+        return False
+    try:
+        fd = os.open(path, flags)
+    except OSError:  # ELOOP: a symlink; ENOENT; ENXIO: a FIFO without reader
+        return False
+    with os.fdopen(fd, "ab") as handle:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        handle.write(text.encode("utf-8"))
+    return True
+
+
+def remove_stale_temp_files(folder: str | os.PathLike) -> list[str]:
+    """Delete temp files that killed writes left in ``folder``; returns their names.
+
+    Only regular files (not symlinks) named like perfora's own temp files of its run files
+    (``.latest.safetensors.k2j4h1x9.tmp``). Call it where one process writes the folder."""
+    removed = []
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return removed
+    for entry in entries:
+        match = TEMP_PATTERN.match(entry.name)
+        if match is None or not _is_run_file_name(match["name"]):
+            continue
+        try:
+            if not entry.is_file(follow_symlinks=False):
+                continue
+            os.unlink(entry.path)
+        except OSError:
+            continue
+        removed.append(entry.name)
+    return removed
+
+
+def _is_run_file_name(name: str) -> bool:
+    return name in RUN_FILE_NAMES or name.endswith(".safetensors")
+
+
+RUN_FILE_NAMES = ("metrics.csv", "run.json", "best_arch_scores.csv", "history.png")
+"""Files of a run folder besides checkpoints (``*.safetensors``)."""
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """Atomic write of a text file."""
+    atomic_write_bytes(path, text.encode("utf-8"))

@@ -1,0 +1,42 @@
+"""An optimizer's state split into tensors (for safetensors) and JSON metadata, and joined
+back."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+
+def split_optimizer_state(optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
+    """Optimizer state as (tensors by flat key, JSON-able rest)."""
+    return split_state_dict(optimizer.state_dict())
+
+
+def split_state_dict(sd: Mapping[str, Any]) -> tuple[dict, dict]:
+    """An optimizer state_dict as (tensors by flat key, JSON-able rest)."""
+    tensors: dict[str, torch.Tensor] = {}
+    state_json: dict[str, dict] = {}
+    for idx, entry in sd["state"].items():
+        plain = {}
+        for key, value in entry.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"{idx}.{key}"] = value
+            else:
+                plain[key] = value
+        state_json[str(idx)] = plain
+    return tensors, {"state": state_json, "param_groups": sd["param_groups"]}
+
+
+def join_optimizer_state(tensors: Mapping[str, torch.Tensor], meta: Mapping) -> dict:
+    """Inverse of :func:`split_optimizer_state`."""
+    state: dict[int, dict] = {int(k): dict(v) for k, v in meta["state"].items()}
+    for flat, value in tensors.items():
+        idx, key = flat.split(".", 1)
+        state.setdefault(int(idx), {})[key] = value
+    groups = []
+    for group in meta["param_groups"]:
+        groups.append({k: (tuple(v) if isinstance(v, list) and k != "params" else v)
+                       for k, v in group.items()})
+    return {"state": state, "param_groups": groups}

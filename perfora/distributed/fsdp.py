@@ -1,7 +1,0 @@
-"""Deprecated path: moved to :mod:`perfora.parallel.fsdp`.
-
-The old path works for one more release, with a DeprecationWarning."""
-
-from perfora._moved import alias_moved_module
-
-alias_moved_module(__name__, "perfora.parallel.fsdp")

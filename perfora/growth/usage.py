@@ -1,0 +1,125 @@
+"""Warnings about training mistakes perfora can see but not fix.
+
+Three mistakes leave a run training on without its dendrites, silently:
+
+* a wrapped layer is never called, because its parent reads its ``weight`` directly (a
+  fused attention kernel does) or the layer is unused: dendrites there cannot act;
+* ``step()`` is called with no optimizer registered, so nothing rebuilds it after growth;
+* the optimizer in use after a restructure is the old one: the new dendrites never change.
+
+:class:`UsageWatch` checks each of them once, cheaply, and warns with the fix.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping
+
+import torch
+from torch import nn
+
+from ..nn.layers import DendriticLayer
+
+_SAMPLE = 1024  # elements compared per parameter: enough to see any optimizer step
+_DENDRITE_GROUPS = ("bank", "cascade", "out", "candidate")
+
+
+class _CallFlag:
+    """A forward pre-hook that records that its module ran, and trained (picklable)."""
+
+    def __init__(self) -> None:
+        self.called = False
+        self.trained = False
+
+    def __call__(self, module: nn.Module, args: tuple) -> None:
+        self.called = True
+        self.trained = self.trained or (module.training and torch.is_grad_enabled())
+
+
+class UsageWatch:
+    """Checks, once each, that wrapped layers run and that new dendrites get trained.
+
+    Layers are watched (a forward pre-hook that only sets a flag) during the first epoch
+    and the epoch after each restructure; :meth:`end_epoch` checks and removes the hooks.
+    Nothing is checked in an epoch in which the model did not train.
+    """
+
+    def __init__(self) -> None:
+        self._flags: dict[str, _CallFlag] = {}
+        self._handles: list = []
+        self._fresh: list[tuple[str, torch.Tensor, torch.Tensor]] = []
+        self._warned: set[str] = set()
+
+    # -------------------------------------------------------------- calls
+    def watch_calls(self, layers: Mapping[str, DendriticLayer]) -> None:
+        """Start recording which wrapped layers run (until :meth:`check_calls`)."""
+        self.stop_watching_calls()
+        for path, layer in layers.items():
+            flag = self._flags[path] = _CallFlag()
+            self._handles.append(layer.register_forward_pre_hook(flag))
+
+    def stop_watching_calls(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles, self._flags = [], {}
+
+    def end_epoch(self, has_optimizer: bool) -> None:
+        """Check the epoch just reported (if it was watched), then stop watching."""
+        flags = self._flags
+        trained = any(f.trained for f in flags.values())
+        idle = sorted(p for p, f in flags.items() if not f.called)
+        self.stop_watching_calls()
+        if trained:
+            self._check_calls(idle)
+            self._check_optimizer_registered(has_optimizer)
+            self._check_new_dendrites_trained()
+        self._fresh = []
+
+    def _check_calls(self, idle: list[str]) -> None:
+        """Warn about wrapped layers that never ran while others did."""
+        if idle:
+            self._warn("idle", f"wrapped layer(s) {idle[:5]} never ran during the last epoch "
+                       "while the rest of the model did. Their parent module probably reads "
+                       "their weight directly (a fused kernel) or does not use them, so "
+                       "dendrites added there have no effect. Exclude them: "
+                       f"perforate(model, exclude={idle[:5]})")
+
+    # -------------------------------------------------------------- optimizer
+    def _check_optimizer_registered(self, has_optimizer: bool) -> None:
+        """Warn once when steps are reported with no optimizer for perfora to rebuild."""
+        if not has_optimizer:
+            self._warn("no-optimizer", "step() with no optimizer registered: perfora will "
+                       "add dendrites, but cannot give you an optimizer that trains them. "
+                       "Register yours first: controller.set_optimizer(torch.optim.Adam, "
+                       "lr=...) (perfora rebuilds it), or set_optimizer_instance(opt)")
+
+    def after_restructure(self, layers: Mapping[str, DendriticLayer]) -> None:
+        """Sample the trainable dendrite parameters now and watch the next epoch."""
+        self.watch_calls(layers)
+        self._fresh = []
+        for path, layer in layers.items():
+            for group in _DENDRITE_GROUPS:
+                for p in layer.group_parameters(group):
+                    if p.requires_grad and type(p.data) is torch.Tensor:
+                        sample = p.detach().reshape(-1)[:_SAMPLE]
+                        self._fresh.append((path, p, sample.clone()))
+
+    def _check_new_dendrites_trained(self) -> None:
+        """Warn when not one sampled dendrite parameter changed since the restructure."""
+        fresh = self._fresh
+        if not fresh:
+            return
+        unchanged = all(torch.equal(p.detach().reshape(-1)[:_SAMPLE], before)
+                        for _, p, before in fresh)
+        if unchanged:
+            self._warn("stale-optimizer", "the dendrites added at the last restructure did "
+                       "not change during the epoch since: the optimizer that trained the "
+                       "model does not hold them. After every decision with "
+                       "restructured=True, train with decision.optimizer (and "
+                       "decision.model); with set_optimizer_instance, build a new optimizer "
+                       "over model.parameters() and register it again")
+
+    def _warn(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            warnings.warn(message, stacklevel=4)

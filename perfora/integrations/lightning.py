@@ -1,0 +1,439 @@
+"""PyTorch Lightning integration: the :class:`DendriteGrowth` callback.
+
+The callback perforates the LightningModule (or one of its submodules) at setup, feeds the
+monitored metric to a :class:`~perfora.GrowthController` at the end of every validation,
+and after each restructure re-wraps the model under the active strategy and rebuilds the
+optimizers and schedulers from the user's ``configure_optimizers`` (DDP, FSDP2 and FSDP1
+through perfora's sharding helpers, DeepSpeed ZeRO 0-2). Growth completion
+restores the best model and stops the fit. Lightning is an optional dependency
+(``pip install "perfora[lightning]"``).
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..config import PerforaConfig, nearest_name
+from ..errors import ConfigError, PerforaError
+from ..growth import GrowthController
+from ..growth.state import CONTINUE, Decision
+from ..nn.layers import dendritic_layers
+from ..nn.perforation import layer_specs, perforate
+from ..parallel.sharded_state import is_fsdp1
+
+try:  # the unified package first, then the standalone one
+    import lightning.pytorch as pl
+    from lightning.pytorch.callbacks import Callback
+    from lightning.pytorch.strategies import (
+        DDPStrategy,
+        DeepSpeedStrategy,
+        FSDPStrategy,
+        ModelParallelStrategy,
+    )
+    from lightning.pytorch.strategies.launchers.multiprocessing import (
+        _MultiProcessingLauncher,
+    )
+except ImportError:  # pragma: no cover - depends on what is installed
+    try:
+        import pytorch_lightning as pl
+        from pytorch_lightning.callbacks import Callback
+        from pytorch_lightning.strategies import (
+            DDPStrategy,
+            DeepSpeedStrategy,
+            FSDPStrategy,
+            ModelParallelStrategy,
+        )
+        from pytorch_lightning.strategies.launchers.multiprocessing import (
+            _MultiProcessingLauncher,
+        )
+    except ImportError as exc:
+        raise ImportError('perfora.integrations.lightning needs PyTorch Lightning: pip install '
+                          '"perfora[lightning]" (or lightning>=2.2)') from exc
+
+__all__ = ["DendriteGrowth", "PHASE_CODES"]
+
+MODES = ("min", "max")
+LOWER_IS_BETTER = re.compile(r"loss|err|mse|mae|nll|perplex|ppl", re.I)
+HIGHER_IS_BETTER = re.compile(r"acc|f1|auc|precision|recall|bleu", re.I)
+"""Metric names whose direction is clear: a loss is minimized, an accuracy maximized."""
+PHASE_CODES = {"neuron": 0, "dendrite": 1}
+"""Numeric codes of the learning rule's phases, as logged in ``perfora/phase``."""
+
+
+class DendriteGrowth(Callback):
+    """Grow dendrites during ``trainer.fit`` when the monitored metric plateaus.
+
+    ``monitor``/``mode``/``patience`` work as in ``EarlyStopping``; ``max_dendrites`` caps
+    the dendrite sets. ``module`` is the attribute path of the submodule to perforate
+    (``None``: the whole LightningModule). ``config`` or keyword ``settings`` are any
+    :class:`~perfora.PerforaConfig` fields; ``perforate_kwargs`` go to
+    :func:`perfora.perforate`. Run files (metrics.csv, history.png) go to ``run_dir``
+    (default: ``<trainer.default_root_dir>/perfora``); Lightning's own checkpoints carry the
+    dendrites, so perfora writes no model files of its own unless ``save_checkpoints=True``.
+    """
+
+    def __init__(self, monitor: str = "val_loss", mode: str = "min", patience: int = 10,
+                 max_dendrites: int = 3, *, module: str | None = None,
+                 config: PerforaConfig | None = None, rule: str | None = None,
+                 perforate_kwargs: Mapping[str, Any] | None = None,
+                 run_dir: str | None = None, log_metrics: bool = True,
+                 **settings: Any) -> None:
+        super().__init__()
+        if mode not in MODES:
+            raise ConfigError(f"mode must be 'min' or 'max', got {mode!r}")
+        if not isinstance(monitor, str) or not monitor:
+            raise ConfigError(f"monitor must be the name of a logged metric, got {monitor!r}")
+        base = config if config is not None else PerforaConfig(save_checkpoints=False)
+        overrides: dict[str, Any] = {"maximize": mode == "max", "n_epochs_to_switch": patience,
+                                     "max_dendrites": max_dendrites, **settings}
+        if rule is not None:
+            overrides["rule"] = rule
+        self.config = base.replace(**overrides)
+        self.monitor, self.mode, self.module_path = monitor, mode, module
+        self.perforate_kwargs = dict(perforate_kwargs or {})
+        self.run_dir, self.log_metrics = run_dir, log_metrics
+        self.controller: GrowthController | None = None
+        self.last_decision: Decision | None = None
+        self._pl_module: nn.Module | None = None
+        self._pending: dict[str, Any] | None = None
+        self._validations = 0  # validation ends seen in this fit (sanity check excluded)
+        self._warned_no_metric = False
+
+    # ------------------------------------------------------------------ the model
+    @property
+    def state_key(self) -> str:
+        return self._generate_state_key(monitor=self.monitor, mode=self.mode)
+
+    def target(self, pl_module: nn.Module) -> nn.Module:
+        """The module that gets dendrites: ``pl_module`` or its ``module`` attribute path."""
+        if self.module_path is None:
+            return pl_module
+        try:
+            found = pl_module.get_submodule(self.module_path)
+        except AttributeError as exc:
+            names = [n for n, _ in pl_module.named_children()]
+            raise ConfigError(f"DendriteGrowth(module={self.module_path!r}): the "
+                              f"LightningModule has no such submodule; its children are "
+                              f"{names}") from exc
+        return found
+
+    def _set_target(self, pl_module: nn.Module, new: nn.Module) -> None:
+        if self.module_path is None:
+            if new is not pl_module:
+                raise PerforaError("the LightningModule itself cannot be replaced; give "
+                                   "DendriteGrowth(module=...) the submodule to grow")
+            return
+        parent_path, _, name = self.module_path.rpartition(".")
+        parent = pl_module.get_submodule(parent_path) if parent_path else pl_module
+        setattr(parent, name, new)
+
+    def prepare(self, pl_module: nn.Module) -> nn.Module:
+        """Perforate the model now (idempotent). Needed before ``fit`` only for ddp_spawn."""
+        target = self.target(pl_module)
+        if not dendritic_layers(target):
+            chosen = {"activation": self.config.activation} if self.config.activation else {}
+            perforate(target, **{**chosen, **self.perforate_kwargs})
+        return pl_module
+
+    # ------------------------------------------------------------------ hooks
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        self._validations, self._warned_no_metric = 0, False
+        if trainer.is_global_zero:
+            self._warn_if_direction_looks_wrong()
+        strategy = trainer.strategy
+        self._check_strategy(strategy)
+        grown_here = not dendritic_layers(self.target(pl_module))
+        if grown_here and isinstance(getattr(strategy, "launcher", None),
+                                     _MultiProcessingLauncher):
+            raise PerforaError(
+                f"strategy {type(strategy).__name__} with start method "
+                f"{getattr(strategy, '_start_method', '?')!r} copies the trained weights back "
+                "to the launching process with load_state_dict(strict=False), which drops "
+                "layers that process does not have. Perforate the model there before fit: "
+                "growth = DendriteGrowth(...); growth.prepare(model); trainer.fit(model)")
+        self.prepare(pl_module)
+        self._pl_module = pl_module
+        self.controller = None
+        if isinstance(strategy, ModelParallelStrategy | DeepSpeedStrategy | FSDPStrategy):
+            self._regrow_before_checkpoint_load(trainer, pl_module)
+
+    def _regrow_before_checkpoint_load(self, trainer: pl.Trainer,
+                                       pl_module: pl.LightningModule) -> None:
+        """ModelParallelStrategy and DeepSpeed restore a checkpoint into the wrapped model,
+        after setup: give the model the saved dendrite structure first (re-sharded or in a
+        new engine), then let the strategy load."""
+        strategy = trainer.strategy
+        load = strategy.load_checkpoint
+
+        def load_checkpoint(checkpoint_path: Any, *args: Any, **kwargs: Any) -> Any:
+            saved = saved_callback_state(Path(strategy.broadcast(checkpoint_path)),
+                                         self.state_key)
+            if saved and saved.get("structure") and self.controller is not None:
+                grown = self.controller.match_structure(saved["structure"])
+                self._set_target(pl_module, grown)
+                self._rebuild(trainer)
+            return load(checkpoint_path, *args, **kwargs)
+
+        strategy.load_checkpoint = load_checkpoint  # this Trainer's strategy only
+
+    def _check_strategy(self, strategy: Any) -> None:
+        if isinstance(strategy, FSDPStrategy) and (
+                not strategy.kwargs.get("use_orig_params") or self.module_path is None):
+            raise PerforaError(
+                "strategy='fsdp' (FSDP1) flattens the whole LightningModule, so perfora "
+                "cannot add dendrites in place. Use strategy=FSDPStrategy(use_orig_params=True),"
+                " wrap the submodule in configure_model with self.<module> = "
+                "perfora.wrap_fsdp1(self.<module>, device_id=self.trainer.strategy."
+                "root_device) and pass DendriteGrowth(module='<module>'); or use FSDP2 "
+                "(ModelParallelStrategy with perfora.shard_fsdp2)")
+        if isinstance(strategy, DeepSpeedStrategy) and _zero_stage(strategy) == 3:
+            raise PerforaError(
+                "Lightning's DeepSpeedStrategy with ZeRO stage 3 builds the engine itself, "
+                "so perfora cannot rebuild it after adding dendrites. For ZeRO-3 growth train "
+                "in a plain loop with perfora.wrap_deepspeed(model, config, "
+                "optimizer=..., optimizer_args=...), which rebuilds the engine and grows one "
+                "layer at a time; in Lightning use ZeRO stage 1 or 2 "
+                "(strategy='deepspeed_stage_2'), or FSDP2 through ModelParallelStrategy")
+        if isinstance(strategy, ModelParallelStrategy) and self.module_path is None:
+            raise ConfigError("under ModelParallelStrategy give DendriteGrowth(module=...) the "
+                              "submodule you shard with perfora.shard_fsdp2 in configure_model")
+
+    def _ensure_controller(self, trainer: pl.Trainer, pl_module: nn.Module) -> GrowthController:
+        """Create the controller once the model has its final (possibly sharded) form."""
+        if self.controller is None:
+            target = self.target(pl_module)
+            if isinstance(trainer.strategy, FSDPStrategy) and not is_fsdp1(target):
+                raise PerforaError(
+                    f"under strategy='fsdp' wrap the grown submodule in configure_model: "
+                    f"self.{self.module_path} = perfora.wrap_fsdp1(self.{self.module_path}, "
+                    "device_id=self.trainer.strategy.root_device)")
+            run_dir = self.run_dir
+            if run_dir is None:
+                run_dir = f"{trainer.default_root_dir}/perfora"
+            self.controller = GrowthController(self.target(pl_module), self.config,
+                                               run_dir=run_dir)
+            if self._pending is not None:
+                self._restore(self._pending)
+                self._pending = None
+        return self.controller
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._ensure_controller(trainer, pl_module)
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.sanity_checking or self.controller is None or self.controller.completed:
+            return
+        if trainer.state.fn != "fit":
+            return
+        self._validations += 1
+        score = self._read_monitor(trainer)
+        # read-only for the controller: the learning rate in metrics.csv and history.png
+        self.controller.hand_over_optimizer(trainer.optimizers[0] if trainer.optimizers else None)
+        decision = self.controller.step(score, model=self.target(pl_module))
+        self.last_decision = decision
+        if decision.action != CONTINUE:
+            self._set_target(pl_module, decision.model)
+            self._rebuild(trainer)
+        if self.log_metrics:
+            self._log(trainer, decision)
+        if decision.complete:
+            trainer.should_stop = True
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Warn once when an epoch that should have validated did not: without validation
+        the callback never reads the monitored metric, so nothing ever grows."""
+        if self._validations or self._warned_no_metric or self.controller is None:
+            return
+        every = trainer.check_val_every_n_epoch
+        if every is not None and (trainer.current_epoch + 1) < every:
+            return  # no validation due yet
+        self._warned_no_metric = True
+        if not trainer.is_global_zero:
+            return
+        logged = sorted(k for k in trainer.callback_metrics if not k.startswith("perfora/"))
+        warnings.warn(
+            f"DendriteGrowth(monitor={self.monitor!r}): no validation ran by the end of epoch "
+            f"{trainer.current_epoch}, so the callback has no {self.monitor!r} to read and "
+            f"no dendrites will grow (metrics logged so far: {logged}). Growth needs the "
+            "monitored metric after every validation: pass val_dataloaders to trainer.fit "
+            "(or define val_dataloader()), keep limit_val_batches above 0, and log it in "
+            f"validation_step, e.g. self.log({self.monitor!r}, value, sync_dist=True)",
+            UserWarning, stacklevel=2)
+
+    def _warn_if_direction_looks_wrong(self) -> None:
+        """A loss maximized or an accuracy minimized keeps the worst model as the best."""
+        lower = bool(LOWER_IS_BETTER.search(self.monitor))
+        higher = bool(HIGHER_IS_BETTER.search(self.monitor))
+        if lower == higher:
+            return  # neither, or both ('acc_loss'): no opinion
+        if self.mode == "max" and lower:
+            kind, better = "a loss or an error", "min"
+        elif self.mode == "min" and higher:
+            kind, better = "an accuracy-like score", "max"
+        else:
+            return
+        warnings.warn(
+            f"DendriteGrowth(monitor={self.monitor!r}, mode={self.mode!r}): the name looks "
+            f"like {kind}, for which mode={better!r} is usual. With mode={self.mode!r} perfora "
+            f"counts a {'higher' if self.mode == 'max' else 'lower'} {self.monitor!r} as "
+            "better, so it keeps and restores the worst model; pass "
+            f"mode={better!r} unless that is what you want", UserWarning, stacklevel=2)
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.controller is not None:
+            self.controller.finish()
+
+    # ------------------------------------------------------------------ helpers
+    def _read_monitor(self, trainer: pl.Trainer) -> float:
+        metrics = trainer.callback_metrics
+        if self.monitor not in metrics:
+            close = nearest_name(self.monitor, list(metrics))
+            hint = f" (did you mean {close!r}?)" if close else ""
+            raise ConfigError(
+                f"DendriteGrowth(monitor={self.monitor!r}) found no such metric after "
+                f"validation{hint}; logged metrics are {sorted(metrics)}. Log it in "
+                f"validation_step, e.g. self.log({self.monitor!r}, value, sync_dist=True)")
+        value = metrics[self.monitor]
+        return float(value.item() if isinstance(value, torch.Tensor) else value)
+
+    def _rebuild(self, trainer: pl.Trainer) -> None:
+        """New DDP wrapper over the new parameters, then configure_optimizers() again."""
+        strategy = trainer.strategy
+        if isinstance(strategy, DeepSpeedStrategy):
+            _reinitialize_deepspeed(strategy)
+            return
+        if isinstance(strategy, DDPStrategy):
+            strategy.model = strategy.lightning_module  # drop the old wrapper's buckets
+            strategy.configure_ddp()
+        strategy.setup_optimizers(trainer)
+        if isinstance(strategy, ModelParallelStrategy | FSDPStrategy):
+            for optimizer in strategy.optimizers:
+                prime_optimizer_state(optimizer)
+
+    def _log(self, trainer: pl.Trainer, decision: Decision) -> None:
+        assert self.controller is not None
+        metrics = {"perfora/dendrites": float(decision.num_dendrites),
+                   "perfora/phase": float(PHASE_CODES.get(decision.phase, -1)),
+                   "perfora/params": float(self.controller.parameter_count())}
+        for name, value in metrics.items():
+            trainer.callback_metrics[name] = torch.tensor(value)
+        if trainer.is_global_zero:
+            for logger in trainer.loggers:
+                logger.log_metrics(metrics, step=trainer.global_step)
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        """The controller's state and best snapshot (Lightning saves it in every checkpoint)."""
+        if self.controller is None:
+            return {} if self._pending is None else dict(self._pending)
+        state: dict[str, Any] = dict(self.controller.state_dict())
+        state["structure"] = layer_specs(self.controller.model)
+        best = self.controller.best_snapshot
+        if best is not None:
+            state["best_structure"] = best[0]
+            state["best"] = {k: v.detach().cpu() for k, v in best[1].items()}
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore from a Lightning checkpoint (the weights were already loaded)."""
+        if not state_dict:
+            return
+        if self.controller is not None:
+            self._restore(state_dict)
+            return
+        self._pending = dict(state_dict)
+        trainer = getattr(self._pl_module, "_trainer", None)
+        if self._pl_module is not None and trainer is not None:
+            # restore now, before the strategy wraps the model: the rule's trainable flags
+            # must be set before configure_optimizers runs
+            self._ensure_controller(trainer, self._pl_module)
+
+    def _restore(self, state: Mapping[str, Any]) -> None:
+        assert self.controller is not None
+        saved = state.get("structure")
+        have = layer_specs(self.controller.model)
+        if saved is not None and _counts(saved) != _counts(have):
+            raise PerforaError(
+                f"the checkpoint's dendrite structure {_counts(saved)} does not match the "
+                f"model's {_counts(have)}; resume with the same LightningModule and "
+                "DendriteGrowth(module=...) as the run that saved it")
+        self.controller.load_state(state, state.get("best"))
+
+
+def prime_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
+    """Create a fresh optimizer's state as if it had never stepped (step counts at 0).
+
+    Saving a checkpoint under FSDP2 (``get_optimizer_state_dict``) initializes an empty
+    optimizer by stepping it once with zero gradients, which leaves Adam's step count at 1
+    and shrinks its first real update to 0.74 of the learning rate. After every restructure
+    a new optimizer is empty, so perfora initializes it here and resets the step counts:
+    the first real update is then the same as a fresh optimizer's."""
+    if optimizer.state:
+        return
+    params = [p for group in optimizer.param_groups for p in group["params"]
+              if p.requires_grad]
+    if not params or any(p.grad is not None for p in params):
+        return
+    lrs = [group.get("lr") for group in optimizer.param_groups]
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    for group in optimizer.param_groups:
+        if "lr" in group:
+            group["lr"] = torch.tensor(0.0) if isinstance(group["lr"], torch.Tensor) else 0.0
+    optimizer.step()
+    for group, lr in zip(optimizer.param_groups, lrs):
+        if lr is not None:
+            group["lr"] = lr
+    optimizer.zero_grad(set_to_none=True)
+    for state in optimizer.state.values():
+        step = state.get("step")
+        if isinstance(step, torch.Tensor):
+            state["step"] = torch.zeros_like(step)
+        elif step is not None:
+            state["step"] = 0
+
+
+def _zero_stage(strategy: Any) -> int:
+    config = strategy.config if isinstance(getattr(strategy, "config", None), dict) else {}
+    return int((config.get("zero_optimization") or {}).get("stage", 0))
+
+
+def _reinitialize_deepspeed(strategy: Any) -> None:
+    """A new DeepSpeed engine (ZeRO 0-2) over the grown module and a new optimizer.
+
+    The old engine's gradient hooks are removed first (``engine.destroy()``), then
+    Lightning's own training initialization runs again: ``configure_optimizers`` and
+    ``deepspeed.initialize``. (Not ``init_deepspeed``: during validation it would build an
+    inference engine.)"""
+    engine = strategy.model
+    destroy = getattr(engine, "destroy", None)
+    if callable(destroy):
+        destroy()
+    strategy.model = strategy.lightning_module
+    strategy._initialize_deepspeed_train(strategy.model)
+
+
+def saved_callback_state(path: Path, key: str) -> dict[str, Any] | None:
+    """This callback's entry in a Lightning checkpoint: one file, a distributed checkpoint
+    folder (``meta.pt`` holds everything but the shards) or a DeepSpeed folder."""
+    source = path
+    if path.is_dir():
+        deepspeed_files = sorted((path / "checkpoint").glob("mp_rank_*_model_states.pt"))
+        source = deepspeed_files[0] if deepspeed_files else path / "meta.pt"
+    if not source.exists():
+        return None
+    checkpoint = torch.load(source, map_location="cpu", weights_only=False)
+    return checkpoint.get("callbacks", {}).get(key)
+
+
+def _counts(specs: Mapping[str, Mapping[str, Any]]) -> dict[str, int]:
+    return {path: int(spec.get("num_dendrites", 0)) for path, spec in specs.items()}

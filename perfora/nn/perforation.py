@@ -1,0 +1,397 @@
+"""Choose which modules of a model get dendrites, and wrap them in DendriticLayer."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import CheckpointError, ConversionError, PerforationError
+from .attention import is_attention_projection, route_wrapped_layers
+from .layers import DendriticLayer, bank_kind, dendritic_layers, unwrap_model
+
+log = logging.getLogger("perfora")
+
+DEFAULT_TYPES: tuple[type[nn.Module], ...] = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
+NORM_TYPES: tuple[type[nn.Module], ...] = (
+    nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.LayerNorm, nn.GroupNorm,
+    nn.InstanceNorm1d, nn.InstanceNorm2d, nn.InstanceNorm3d, nn.RMSNorm,
+)
+_NEURON_ATTRS = ("out_features", "out_channels", "num_features", "embedding_dim")
+
+Predicate = Callable[[str, nn.Module], bool]
+
+
+@dataclass
+class WrappedLayer:
+    """One wrapped module: where it is, what it was, how many neurons it has."""
+
+    path: str
+    type: str
+    neurons: int
+    neuron_axis: int
+    dendrites: int
+    grouped_with: str | None = None
+    base_frozen: bool = False
+
+
+@dataclass
+class ConversionReport:
+    """What ``perforate`` wrapped, and which trainable parameters it left outside."""
+
+    wrapped: list[WrappedLayer] = field(default_factory=list)
+    outside: list[tuple[str, int]] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # (path, why) of this call
+
+    def __str__(self) -> str:
+        lines = [f"perfora wrapped {len(self.wrapped)} module(s):"]
+        width = max((len(w.path) for w in self.wrapped), default=4)
+        for w in self.wrapped:
+            group = f" + {w.grouped_with}" if w.grouped_with else ""
+            frozen = "  base frozen (only dendrites train)" if w.base_frozen else ""
+            lines.append(f"  {w.path:<{width}}  {w.type}{group}  neurons={w.neurons} "
+                         f"axis={w.neuron_axis} dendrites={w.dendrites}{frozen}")
+        for path, why in self.skipped:
+            lines.append(f"  skipped {path}: {why}")
+        if self.outside:
+            total = sum(n for _, n in self.outside)
+            lines.append(f"trainable parameters left outside ({total} values, no dendrites):")
+            lines += [f"  {name} ({n})" for name, n in self.outside]
+        else:
+            lines.append("no trainable parameter left outside the wrapped modules")
+        return "\n".join(lines)
+
+
+def _norm_path(path: str) -> str:
+    return path.strip().lstrip(".")
+
+
+def _excluded(path: str, module: nn.Module, exclude: Sequence[str],
+              exclude_types: tuple[type, ...]) -> bool:
+    if exclude_types and isinstance(module, exclude_types):
+        return True
+    return any(path == e or path.startswith(e + ".") for e in exclude)
+
+
+def perforate(
+    model: nn.Module,
+    *,
+    types: Iterable[type[nn.Module]] | None = None,
+    names: Iterable[str] = (),
+    paths: Iterable[str] = (),
+    predicate: Predicate | None = None,
+    exclude: Iterable[str] = (),
+    exclude_types: Iterable[type[nn.Module]] = (),
+    group_norms: bool = False,
+    groups: Iterable[tuple[str, str]] = (),
+    neuron_axes: Mapping[str, int] | None = None,
+    num_neurons: Mapping[str, int] | None = None,
+    example_input: torch.Tensor | tuple | None = None,
+    activation: str = "sigmoid",
+    verbose: bool = False,
+) -> nn.Module:
+    """Wrap the selected modules of ``model`` in place in :class:`DendriticLayer` and return it.
+
+    Selection: ``types`` (default Linear and Conv1d/2d/3d when no other selector is given),
+    class ``names``, dotted ``paths`` and a ``predicate(path, module)``; ``exclude`` (paths
+    or prefixes) and ``exclude_types`` win over them. ``group_norms`` groups a norm layer that
+    directly follows a selected layer inside an ``nn.Sequential`` with it (explicit pairs go in
+    ``groups``). Modules other than Linear/Conv need their neuron axis in ``neuron_axes``
+    (by path or class name); their neuron count comes from ``num_neurons``, a size attribute
+    or one forward pass of ``example_input``. See :func:`describe` for the report.
+    """
+    if not isinstance(model, nn.Module):
+        raise PerforationError(f"perforate() needs an nn.Module, got {type(model).__name__}")
+    inner = unwrap_model(model)
+    paths = [_norm_path(p) for p in paths]
+    names = set(names)
+    exclude = [_norm_path(e) for e in exclude]
+    exclude_types = tuple(exclude_types)
+    if types is None:
+        types = () if (paths or names or predicate) else DEFAULT_TYPES
+    types = tuple(types)
+    neuron_axes = dict(neuron_axes or {})
+    num_neurons = dict(num_neurons or {})
+    pair_map = {_norm_path(a): _norm_path(b) for a, b in groups}
+
+    modules = dict(inner.named_modules(remove_duplicate=False))
+    for p in list(paths) + list(pair_map) + list(pair_map.values()) + exclude:
+        if p not in modules:
+            raise PerforationError(f"no module at path {p!r}; paths look like "
+                                   f"{_example_paths(modules)}")
+
+    selected: list[str] = []
+    skipped: list[tuple[str, str]] = []
+    _select(inner, "", types, names, set(paths), predicate, exclude, exclude_types, selected,
+            skipped)
+    selected = _first_path_per_module(selected, modules)
+    existing = dendritic_layers(inner)
+    if not selected and not existing:
+        raise PerforationError(
+            "nothing to perforate: no module matched the selection (types="
+            f"{[t.__name__ for t in types]}, names={sorted(names)}, paths={paths}). "
+            f"Modules in this model: {_example_paths(modules, 12)}")
+
+    if group_norms:
+        pair_map.update(_sequential_norm_pairs(inner, selected, exclude, exclude_types))
+    axes = {path: _axis_for(path, modules[path], neuron_axes) for path in selected}
+    sizes = _neuron_sizes(inner, selected, neuron_axes, num_neurons, example_input)
+    aliases = _alias_paths(inner)
+    for path in selected:
+        module = modules[path]
+        axis = axes[path]
+        norm_path = pair_map.get(path)
+        base: nn.Module = module
+        if norm_path is not None:
+            base = nn.Sequential(module, modules[norm_path])
+            _set_module(inner, norm_path, nn.Identity())
+        layer = DendriticLayer(base, num_neurons=sizes[path], neuron_axis=axis,
+                               activation=activation, grouped=norm_path is not None)
+        layer.perforate_path = path
+        layer.grouped_with = norm_path
+        for alias in aliases.get(id(module), [path]):
+            _set_module(inner, alias, layer)
+    route_wrapped_layers(inner)
+    report = describe(model)
+    report.skipped = skipped
+    if verbose:
+        print(report)
+    else:
+        log.info("%s", report)
+    return model
+
+
+def _select(module: nn.Module, prefix: str, types: tuple, names: set, paths: set,
+            predicate: Predicate | None, exclude: Sequence[str], exclude_types: tuple,
+            out: list[str], skipped: list[tuple[str, str]]) -> None:
+    for child_name, child in module.named_children():
+        path = f"{prefix}.{child_name}" if prefix else child_name
+        if isinstance(child, DendriticLayer) or _excluded(path, child, exclude, exclude_types):
+            continue
+        hit = (path in paths or (types and isinstance(child, types))
+               or type(child).__name__ in names
+               or (predicate is not None and predicate(path, child)))
+        if hit and path not in paths and is_attention_projection(module, child_name):
+            skipped.append((path, f"{type(module).__name__} reads its weight directly; "
+                                  f"name it in paths=[{path!r}] to grow it anyway (perfora "
+                                  "then routes the attention output through it)"))
+            continue
+        if hit:
+            _refuse_unsupported(path, child)
+            if path not in out:
+                out.append(path)
+        else:
+            _select(child, path, types, names, paths, predicate, exclude, exclude_types, out,
+                    skipped)
+
+
+def _refuse_unsupported(path: str, module: nn.Module) -> None:
+    """Refuse, at selection time, modules whose dendrites could never run."""
+    if not any(True for _ in module.parameters()):
+        raise PerforationError(f"cannot perforate {path!r} ({type(module).__name__}): "
+                               "it has no parameters to copy into dendrites")
+    if isinstance(module, (nn.RNNBase, nn.RNNCellBase)):
+        raise PerforationError(
+            f"cannot perforate {path!r} ({type(module).__name__}): recurrent layers take and "
+            "return a hidden state besides their output, which dendrites do not support. "
+            "Perforate the Linear layers that read its output instead (the default types "
+            "select them and leave recurrent layers alone)")
+    if isinstance(module, nn.MultiheadAttention):
+        raise PerforationError(
+            f"cannot perforate {path!r} ({type(module).__name__}) as one layer: it returns "
+            "(output, weights). Grow its output projection instead: "
+            f"paths=[{path + '.out_proj'!r}]")
+
+
+def _first_path_per_module(paths: list[str], modules: Mapping[str, nn.Module]) -> list[str]:
+    """One path per module: a module reachable by several paths is wrapped once."""
+    seen: set[int] = set()
+    out: list[str] = []
+    for path in paths:
+        if id(modules[path]) not in seen:
+            seen.add(id(modules[path]))
+            out.append(path)
+    return out
+
+
+def _sequential_norm_pairs(inner: nn.Module, selected: list[str], exclude: Sequence[str],
+                           exclude_types: tuple) -> dict[str, str]:
+    pairs: dict[str, str] = {}
+    for seq_path, seq in inner.named_modules():
+        if not isinstance(seq, nn.Sequential):
+            continue
+        children = list(seq.named_children())
+        for (name, _), (next_name, nxt) in zip(children, children[1:]):
+            path = f"{seq_path}.{name}" if seq_path else name
+            next_path = f"{seq_path}.{next_name}" if seq_path else next_name
+            if (path in selected and isinstance(nxt, NORM_TYPES)
+                    and not _excluded(next_path, nxt, exclude, exclude_types)):
+                pairs[path] = next_path
+    return pairs
+
+
+def _axis_for(path: str, module: nn.Module, neuron_axes: Mapping[str, int]) -> int:
+    if path in neuron_axes:
+        return int(neuron_axes[path])
+    if type(module).__name__ in neuron_axes:
+        return int(neuron_axes[type(module).__name__])
+    kind = bank_kind(module)
+    if kind == "linear":
+        return -1
+    if kind == "conv":
+        return 1
+    raise PerforationError(
+        f"{path!r} is a {type(module).__name__}: perfora does not know which output axis "
+        f"holds its neurons. Pass neuron_axes={{{path!r}: AXIS}} (e.g. -1 for a feature "
+        "axis last, 1 for channels first)")
+
+
+def _neuron_sizes(inner: nn.Module, selected: list[str], neuron_axes: Mapping[str, int],
+                  num_neurons: Mapping[str, int], example_input) -> dict[str, int]:
+    modules = dict(inner.named_modules(remove_duplicate=False))
+    sizes: dict[str, int] = {}
+    missing: list[str] = []
+    for path in selected:
+        module = modules[path]
+        if path in num_neurons:
+            sizes[path] = int(num_neurons[path])
+        elif bank_kind(module) != "generic":
+            width = getattr(module, "out_features", None)
+            sizes[path] = int(module.out_channels if width is None else width)
+        else:
+            missing.append(path)
+    if missing and example_input is not None:
+        sizes.update(_probe_sizes(inner, missing, neuron_axes, example_input))
+        missing = [p for p in missing if p not in sizes]
+    for path in missing:
+        module = modules[path]
+        for attr in _NEURON_ATTRS:
+            if isinstance(getattr(module, attr, None), int):
+                sizes[path] = getattr(module, attr)
+                break
+        else:
+            raise PerforationError(
+                f"cannot tell how many neurons {path!r} ({type(module).__name__}) has: pass "
+                f"num_neurons={{{path!r}: N}} or example_input=<one batch>")
+    return sizes
+
+
+def _probe_sizes(inner: nn.Module, paths: list[str], neuron_axes: Mapping[str, int],
+                 example_input) -> dict[str, int]:
+    """Run one forward pass and read each module's output size along its neuron axis."""
+    modules = dict(inner.named_modules(remove_duplicate=False))
+    sizes: dict[str, int] = {}
+    handles = []
+    for path in paths:
+        axis = _axis_for(path, modules[path], neuron_axes)
+
+        def hook(_m, _inp, out, path=path, axis=axis):
+            if isinstance(out, torch.Tensor):
+                sizes[path] = int(out.shape[axis])
+
+        handles.append(modules[path].register_forward_hook(hook))
+    try:
+        with torch.no_grad():
+            args = example_input if isinstance(example_input, tuple) else (example_input,)
+            inner(*args)
+    finally:
+        for h in handles:
+            h.remove()
+    return sizes
+
+
+def _alias_paths(inner: nn.Module) -> dict[int, list[str]]:
+    aliases: dict[int, list[str]] = {}
+    for path, module in inner.named_modules(remove_duplicate=False):
+        if path:
+            aliases.setdefault(id(module), []).append(path)
+    return aliases
+
+
+def _set_module(root: nn.Module, path: str, new: nn.Module) -> None:
+    parent_path, _, name = path.rpartition(".")
+    parent = root.get_submodule(parent_path) if parent_path else root
+    setattr(parent, name, new)
+
+
+def _example_paths(modules: Mapping[str, nn.Module], limit: int = 6) -> str:
+    shown = [f"{p} ({type(m).__name__})" for p, m in modules.items() if p][:limit]
+    return ", ".join(shown) or "(no submodules)"
+
+
+def describe(model: nn.Module) -> ConversionReport:
+    """What is wrapped (path, type, neurons, dendrites) and which trainable params are not."""
+    inner = unwrap_model(model)
+    layers = dendritic_layers(inner)
+    report = ConversionReport()
+    for path, layer in layers.items():
+        report.wrapped.append(WrappedLayer(
+            path=path, type=type(layer.source).__name__, neurons=layer.num_neurons,
+            neuron_axis=layer.neuron_axis, dendrites=layer.num_dendrites,
+            grouped_with=getattr(layer, "grouped_with", None),
+            base_frozen=layer.base_frozen()))
+    inside = {id(p) for layer in layers.values() for p in layer.parameters()}
+    for name, p in inner.named_parameters():
+        if p.requires_grad and id(p) not in inside:
+            report.outside.append((name, p.numel()))
+    return report
+
+
+def layer_specs(model: nn.Module) -> dict[str, dict]:
+    """Per-layer structure (JSON-able) used by checkpoints to rebuild a model."""
+    specs = {}
+    for path, layer in dendritic_layers(model).items():
+        spec = layer.structure()
+        spec["grouped_with"] = getattr(layer, "grouped_with", None)
+        specs[path] = spec
+    return specs
+
+
+def rebuild_structure(model: nn.Module, specs: Mapping[str, Mapping]) -> None:
+    """Make ``model`` (converted or not) have exactly the structure in ``specs``."""
+    inner = unwrap_model(model)
+    layers = dendritic_layers(inner)
+    missing = [p for p in specs if p not in layers]
+    if missing and layers:
+        extra = sorted(set(layers) - set(specs))
+        raise PerforationError(
+            f"this model is perforated differently from the checkpoint: layers {missing} are "
+            f"not wrapped here{f' and {extra} are wrapped only here' if extra else ''}; "
+            "perforate it with the same selection, or pass an unconverted model")
+    if missing:
+        perforate(
+            inner, types=(), paths=list(specs),
+            groups=[(p, s["grouped_with"]) for p, s in specs.items() if s.get("grouped_with")],
+            neuron_axes={p: s["neuron_axis"] for p, s in specs.items()},
+            num_neurons={p: s["num_neurons"] for p, s in specs.items()
+                         if s.get("kind") == "generic"},
+            activation=next(iter(specs.values()))["activation"] if specs else "sigmoid")
+        layers = dendritic_layers(inner)
+    extra = sorted(set(layers) - set(specs))
+    if extra:
+        raise PerforationError(f"layers {extra} are wrapped in the model but not in the "
+                               "checkpoint; load into a model perforated the same way")
+    for path, spec in specs.items():
+        layer = layers[path]
+        if layer.num_neurons != spec["num_neurons"]:
+            raise PerforationError(
+                f"layer {path!r} has {layer.num_neurons} neurons here but "
+                f"{spec['num_neurons']} in the checkpoint: the model was built with another "
+                "width; build it with the same shape as the run that saved it")
+        layer.activation = spec["activation"]
+        neurons = spec.get("neurons")
+        if layer.num_dendrites != spec["num_dendrites"] or layer.set_neurons() != neurons:
+            layer.resize(spec["num_dendrites"], neurons)
+
+
+def fit_structure(model: nn.Module, specs: Mapping[str, Mapping[str, Any]], source: str,
+                  error: type[CheckpointError] = CheckpointError) -> None:
+    """rebuild_structure with its ConversionError turned into ``error`` naming ``source``."""
+    try:
+        rebuild_structure(model, specs)
+    except ConversionError as exc:
+        raise error(f"{source}: {exc}") from exc
