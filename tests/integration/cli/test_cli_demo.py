@@ -11,10 +11,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from tests.support.paths import ROOT
-from tests.support.script_server import ScriptServer
 
 from perfora.cli import main
+from tests.support.paths import ROOT
+from tests.support.script_server import ScriptServer
 
 ROOT = ROOT
 

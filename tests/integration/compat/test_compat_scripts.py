@@ -15,16 +15,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from tests.support.paths import SCRIPTS
 from safetensors import safe_open
 from safetensors.torch import load_file
-from tests.support.script_server import ScriptServer
 from torch import nn
 
 from perfora import dendritic_layers
 from perfora.compat import globals_perforatedai as GPA
 from perfora.compat import utils_perforatedai as UPA
 from perfora.compat.tracker import COMPLETE_MARKER, SETTINGS_FILE
+from tests.support.paths import SCRIPTS
+from tests.support.script_server import ScriptServer
 
 SCRIPTS = SCRIPTS / "compat"
 TIMEOUT = 120

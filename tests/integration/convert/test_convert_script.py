@@ -29,11 +29,10 @@ import pytest
 
 pytest.importorskip("libcst", reason="perfora convert needs libcst (the dev extra has it)")
 
-from tests.support.paths import ROOT, SCRIPTS
-from tests.support.script_server import ScriptServer
-
 from perfora import convert_source  # noqa: E402
 from perfora.cli import main  # noqa: E402
+from tests.support.paths import ROOT, SCRIPTS
+from tests.support.script_server import ScriptServer
 
 # the tests here share module-scoped runs: keep them on one pytest-xdist worker
 pytestmark = pytest.mark.xdist_group("test_convert_script")

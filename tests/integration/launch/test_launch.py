@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from tests.support.paths import ROOT, SCRIPTS
 
 from perfora.cli import main
 from perfora.cli.launch import (
@@ -20,6 +19,7 @@ from perfora.cli.launch import (
     newest_switch,
 )
 from perfora.errors import ConfigError
+from tests.support.paths import ROOT, SCRIPTS
 
 # the tests here share module-scoped runs: keep them on one pytest-xdist worker (a test
 # that shares none gets a group of its own as well, so that xdist can balance the workers)

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from tests.support.paths import ROOT, SCRIPTS
 
 ROOT = ROOT

@@ -15,10 +15,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tests.support.paths import ROOT, SCRIPTS
-from tests.support.script_server import ScriptServer
 
 from perfora.growth.restart import ATTEMPT_ENV, COMPLETE_MARKER, LOAD_FLAG
+from tests.support.paths import ROOT, SCRIPTS
+from tests.support.script_server import ScriptServer
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from netns import NamespacesUnavailable, Nodes, two_nodes  # noqa: E402

@@ -16,12 +16,12 @@ from pathlib import Path
 import lightning.pytorch as pl
 import pytest
 import torch
-from tests.support.paths import ROOT, SCRIPTS
-from tests.support.script_server import ScriptServer
 
 import perfora
 from perfora.errors import ConfigError, PerforaError
 from perfora.integrations.lightning import DendriteGrowth, prime_optimizer_state
+from tests.support.paths import ROOT, SCRIPTS
+from tests.support.script_server import ScriptServer
 
 sys.path.insert(0, str(SCRIPTS / "lightning"))
 from run_digits import DigitsNet, digits_loaders  # noqa: E402

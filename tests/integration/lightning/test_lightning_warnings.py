@@ -13,9 +13,9 @@ from pathlib import Path
 import lightning.pytorch as pl
 import pytest
 import torch
-from tests.support.paths import SCRIPTS
 
 from perfora.integrations.lightning import DendriteGrowth
+from tests.support.paths import SCRIPTS
 
 sys.path.insert(0, str(SCRIPTS / "lightning"))
 from run_digits import DigitsNet, digits_loaders  # noqa: E402

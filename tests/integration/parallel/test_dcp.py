@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from tests.support.ranks import run_world
 from torch import nn
 
 import perfora
@@ -24,6 +23,7 @@ from perfora.checkpoint.dcp import META_FILE, old_path
 from perfora.errors import CheckpointError
 from perfora.growth.restart import newest_switch
 from perfora.parallel.sharded_state import gather_optimizer_state
+from tests.support.ranks import run_world
 
 pytestmark = pytest.mark.xdist_group("dcp")
 

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from tests.support.ranks import run_in_folder
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -20,6 +19,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import perfora
 from perfora.distributed import RankMismatchError
 from perfora.parallel import wrap_ddp
+from tests.support.ranks import run_in_folder
 
 WORLD = 2
 JOIN_S = 90

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from tests.support.ranks import run_world
 from torch import nn
 
 import perfora
 from perfora.checkpoint.format import load_checkpoint
+from tests.support.ranks import run_world
 
 pytest.importorskip("deepspeed")
 

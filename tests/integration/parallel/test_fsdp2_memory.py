@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 
 import pytest
+
 from tests.support.paths import ROOT
 
 sys.path.insert(0, str(ROOT / "benchmarks"))

@@ -4,6 +4,7 @@ and a resumed run equal to the uninterrupted one."""
 from __future__ import annotations
 
 import pytest
+
 from tests.support.paths import SCRIPTS
 from tests.support.two_ranks import run_two_ranks
 

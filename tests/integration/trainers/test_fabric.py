@@ -4,6 +4,7 @@ own data."""
 from __future__ import annotations
 
 import pytest
+
 from tests.support.paths import SCRIPTS
 from tests.support.two_ranks import run_two_ranks
 

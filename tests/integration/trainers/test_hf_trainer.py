@@ -16,12 +16,12 @@ pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
 import torch  # noqa: E402
-from tests.support.paths import SCRIPTS  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
+
+from tests.support.paths import SCRIPTS  # noqa: E402
 
 sys.path.insert(0, str(SCRIPTS / "trainers"))
 from hf_tiny import Blobs, TinyClassifier, TinyConfig, digest, make_trainer  # noqa: E402
-from tests.support.two_ranks import run_two_ranks  # noqa: E402
 
 import perfora  # noqa: E402
 from perfora.integrations.transformers import (
@@ -29,6 +29,7 @@ from perfora.integrations.transformers import (
     DendriteGrowthCallback,
     load_grown_pretrained,
 )
+from tests.support.two_ranks import run_two_ranks  # noqa: E402
 
 # the tests here share module-scoped runs: keep them on one pytest-xdist worker
 pytestmark = pytest.mark.xdist_group("test_hf_trainer")

@@ -14,6 +14,7 @@ import sys
 
 import pytest
 import torch
+
 from tests.support.paths import ROOT
 
 SCRIPT = ROOT / "benchmarks" / "gpu_bench.py"

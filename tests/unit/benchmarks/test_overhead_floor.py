@@ -12,6 +12,7 @@ import importlib.util
 
 import pytest
 import torch
+
 from tests.support.paths import ROOT
 
 

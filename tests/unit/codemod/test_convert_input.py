@@ -18,11 +18,11 @@ pytest.importorskip("libcst", reason="perfora convert needs libcst (the dev extr
 
 import libcst as cst  # noqa: E402
 from libcst.metadata import MetadataWrapper, PositionProvider  # noqa: E402
-from tests.support.paths import ROOT, SCRIPTS
 
 from perfora.cli import main  # noqa: E402
 from perfora.cli.convert import MAX_SIZE  # noqa: E402
 from perfora.codemod.analysis import Analyzer  # noqa: E402
+from tests.support.paths import ROOT, SCRIPTS
 
 ROOT = ROOT
 CORPUS = SCRIPTS / "convert_corpus"

@@ -7,9 +7,8 @@ import dataclasses
 import importlib.util
 import re
 
-from tests.support.paths import ROOT
-
 import perfora
+from tests.support.paths import ROOT
 
 
 def _generator():

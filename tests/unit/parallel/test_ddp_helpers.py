@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tests.support.paths import ROOT
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 import perfora
 from perfora.distributed import set_epoch, structure_fingerprint
 from perfora.parallel import wrapper_spec
+from tests.support.paths import ROOT
 
 
 def make_model() -> nn.Module:

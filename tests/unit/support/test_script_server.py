@@ -9,6 +9,7 @@ import signal
 from pathlib import Path
 
 import pytest
+
 from tests.support.script_server import ScriptServer
 
 SCRIPT = """
