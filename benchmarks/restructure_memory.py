@@ -46,8 +46,8 @@ JOIN_S = 300
 
 def _use_gather_based() -> None:
     """Restructure FSDP2 models as perfora did before shard-local growth (FSDP1 still does)."""
-    from perfora.parallel.base import ShardedBackend
     from perfora.parallel.fsdp2 import FSDP2Backend
+    from perfora.parallel.sharded import ShardedBackend
 
     for name in ("edit_layers", "snapshot", "whole", "restore"):
         setattr(FSDP2Backend, name, getattr(ShardedBackend, name))
@@ -62,7 +62,7 @@ def _peak_of(work) -> tuple[int, object]:
 
 def _digest(model: nn.Module) -> str:
     """A hash of the full model state (a collective): equal on ranks and across modes."""
-    from perfora.parallel import full_state_dict
+    from perfora.parallel.sharded_state import full_state_dict
 
     h = hashlib.sha256()
     for name, t in sorted(full_state_dict(model).items()):

@@ -141,7 +141,7 @@ class GrowthController(OptimizerMethods, CheckpointMethods):
     def _take_engine_optimizer(self) -> None:
         """Under DeepSpeed the engine builds the optimizer (and steps its scheduler):
         perfora hands it over instead of building one."""
-        if getattr(self.backend, "owns_optimizer", False):
+        if self.backend.owns_optimizer:
             self._slot.hand_over(self.backend.engine_optimizer(self.model))
 
     def _unshard(self) -> None:

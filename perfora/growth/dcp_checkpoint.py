@@ -56,7 +56,7 @@ def resolve_format(setting: str, backend: ParallelBackend) -> str:
     sharded models only."""
     if not is_distributed():
         return FILE
-    if setting == DCP or (setting == "auto" and getattr(backend, "auto_dcp", backend.sharded)):
+    if setting == DCP or (setting == "auto" and backend.auto_dcp):
         return DCP
     return FILE
 
@@ -219,7 +219,7 @@ def _weightless(ctl: GrowthController) -> nn.Module | None:
     """A weightless copy to check the structure on: the model's, or the FSDP template's."""
     if not ctl.backend.sharded:
         return ctl.backend.shadow(ctl.model)
-    template = getattr(getattr(ctl.backend, "spec", None), "template", None)
+    template = ctl.backend.template
     return shadow_copy(template) if template is not None else None
 
 
