@@ -76,7 +76,6 @@ def measure_rank(rank: int, world: int, spec: dict) -> dict:
     from torch.distributed.device_mesh import init_device_mesh
 
     import perfora
-    from perfora.growth import surgery
     from perfora.parallel import shard_fsdp2
 
     if spec["mode"] == "gather":
@@ -117,7 +116,7 @@ def measure_rank(rank: int, world: int, spec: dict) -> dict:
     peaks["after"] = _peak_of(train)[0]
 
     def rewind() -> nn.Module:
-        surgery.rewind_to_best(ctl)
+        ctl._rewind_to_best()
         ctl._rebuild_after_change()
         return ctl.model
 

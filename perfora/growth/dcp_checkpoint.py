@@ -42,7 +42,6 @@ from ..parallel.base import ParallelBackend, optimizer_is_current
 from ..parallel.sharded_state import FSDP1_KIND
 from .rehearsal import checked_state, rehearse_rule
 from .state import BestSnapshot
-from .surgery import arm_probe
 
 if TYPE_CHECKING:
     from .controller import GrowthController
@@ -282,7 +281,7 @@ def restore_dcp(ctl: GrowthController, path: Path, meta: dict[str, Any], shapes:
     if ctl._writer.report is not None:
         ctl.state.history = ctl._writer.report.resume_history(
             ctl.state.history, ctl.state.epoch, path.parent / "metrics.csv")
-    arm_probe(ctl)
+    ctl._arm_probe()
     ctl._last_time = time.perf_counter()
 
 
