@@ -46,8 +46,8 @@ JOIN_S = 300
 
 def _use_gather_based() -> None:
     """Restructure FSDP2 models as perfora did before shard-local growth (FSDP1 still does)."""
-    from perfora.parallel.base import ShardedBackend
     from perfora.parallel.fsdp2 import FSDP2Backend
+    from perfora.parallel.sharded import ShardedBackend
 
     for name in ("edit_layers", "snapshot", "whole", "restore"):
         setattr(FSDP2Backend, name, getattr(ShardedBackend, name))
@@ -62,7 +62,7 @@ def _peak_of(work) -> tuple[int, object]:
 
 def _digest(model: nn.Module) -> str:
     """A hash of the full model state (a collective): equal on ranks and across modes."""
-    from perfora.parallel import full_state_dict
+    from perfora.parallel.sharded_state import full_state_dict
 
     h = hashlib.sha256()
     for name, t in sorted(full_state_dict(model).items()):
@@ -76,7 +76,6 @@ def measure_rank(rank: int, world: int, spec: dict) -> dict:
     from torch.distributed.device_mesh import init_device_mesh
 
     import perfora
-    from perfora.growth import surgery
     from perfora.parallel import shard_fsdp2
 
     if spec["mode"] == "gather":
@@ -117,7 +116,7 @@ def measure_rank(rank: int, world: int, spec: dict) -> dict:
     peaks["after"] = _peak_of(train)[0]
 
     def rewind() -> nn.Module:
-        surgery.rewind_to_best(ctl)
+        ctl._rewind_to_best()
         ctl._rebuild_after_change()
         return ctl.model
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from torch import nn
 
 from ..errors import ParallelError
+from ..parallel.factory import wrapper_spec
 from ..parallel.sharded_state import ShardSpec
-from ..parallel.wrappers import wrapper_spec
 
 
 def rewrap(net: nn.Module) -> nn.Module:

@@ -78,7 +78,7 @@ class GrowthController(OptimizerMethods, CheckpointMethods):
         self._last_time = time.perf_counter()
         self._writer = RunWriter(config, run_dir, write_files)
         self._take_engine_optimizer()
-        surgery.arm_probe(self)
+        self._arm_probe()
 
     @property
     def run_dir(self) -> Path | None:
@@ -96,8 +96,7 @@ class GrowthController(OptimizerMethods, CheckpointMethods):
 
     def _layer_dendrites(self) -> int:
         """Dendrite sets of the layers (the largest count: "best" may hold fewer)."""
-        counts = {layer.num_dendrites for layer in self._layers().values()}
-        return max(counts) if counts else 0
+        return surgery.layer_dendrites(self.model)
 
     @property
     def num_dendrites(self) -> int:
@@ -141,7 +140,7 @@ class GrowthController(OptimizerMethods, CheckpointMethods):
     def _take_engine_optimizer(self) -> None:
         """Under DeepSpeed the engine builds the optimizer (and steps its scheduler):
         perfora hands it over instead of building one."""
-        if getattr(self.backend, "owns_optimizer", False):
+        if self.backend.owns_optimizer:
             self._slot.hand_over(self.backend.engine_optimizer(self.model))
 
     def _unshard(self) -> None:
@@ -167,6 +166,25 @@ class GrowthController(OptimizerMethods, CheckpointMethods):
         self._sync_structure()
         self._slot.after_restructure(self.model, self.config.maximize)
         self._take_engine_optimizer()
+
+    def _grow(self) -> None:
+        """Add one dendrite set to every layer, then set and rebuild what trains."""
+        self._swap(surgery.grow(self.model, self.backend, self.config, self.state,
+                                self._probe))
+        self.rule.after_growth(self._layers())
+        self._rebuild_after_change()
+        if not self.backend.sharded:
+            self._usage.after_restructure(self._layers())
+
+    def _rewind_to_best(self) -> None:
+        """Give the model the best snapshot's structure and weights (nothing without one)."""
+        if self._best is not None:
+            self._swap(surgery.rewind_to_best(self.model, self.backend, self.rule,
+                                              self.state, self._best))
+
+    def _arm_probe(self) -> None:
+        """Record the error signal only in an epoch that a growth step may follow."""
+        surgery.arm_probe(self._probe, self.model, self.state, self.config, self.rule)
 
     def step(self, score: Any, *, test_score: Any = None,
              extra: Mapping[str, Any] | None = None,
@@ -210,11 +228,11 @@ class GrowthController(OptimizerMethods, CheckpointMethods):
         row["running_score"] = verdict.running
         update_arch(self.state, self.config, verdict.running, test, self.parameter_count())
         if verdict.improved_best:
-            surgery.snapshot_best(self)
+            self._best = surgery.snapshot_best(self.model, self.backend)
         if verdict.rewind:
-            surgery.rewind_to_best(self)
+            self._rewind_to_best()
         if verdict.grow:
-            surgery.grow(self)
+            self._grow()
         if verdict.action == Action.COMPLETE:
             self._sync_structure()  # the rewind may have replaced parameters: fresh wrapper
         reason = verdict.describe(self.state.num_dendrites)
@@ -229,7 +247,7 @@ class GrowthController(OptimizerMethods, CheckpointMethods):
         row["reason"] = reason if action != Action.CONTINUE else ""
         self.state.history.append(row)
         self._writer.end_epoch(self, action, improved_best)
-        surgery.arm_probe(self)
+        self._arm_probe()
         self._last_time = time.perf_counter()
         return self._decision(action, reason)
 
@@ -244,7 +262,7 @@ class GrowthController(OptimizerMethods, CheckpointMethods):
         """Add one dendrite set now (without waiting for a plateau); rebuilds the optimizer."""
         if self.state.completed:
             raise OrderError("add_dendrites() after training completed")
-        surgery.grow(self)
+        self._grow()
         self._writer.write_switch(self)
         return self._decision(Action.RESTRUCTURE, "added on request")
 
@@ -270,7 +288,10 @@ class GrowthController(OptimizerMethods, CheckpointMethods):
         returned model replaces the old one. The new dendrites hold zeros until the load.
         A structure that is malformed or does not fit raises CheckpointError before the
         model changes."""
-        return surgery.match_structure(self, specs)
+        self._swap(surgery.match_structure(self.model, self.backend, self.state, specs))
+        self.rule.apply(self._layers())
+        self._sync_structure()
+        return self.model
 
     @property
     def best_snapshot(self) -> tuple[dict, dict[str, torch.Tensor]] | None:

@@ -42,7 +42,6 @@ from ..parallel.base import ParallelBackend, optimizer_is_current
 from ..parallel.sharded_state import FSDP1_KIND
 from .rehearsal import checked_state, rehearse_rule
 from .state import BestSnapshot
-from .surgery import arm_probe
 
 if TYPE_CHECKING:
     from .controller import GrowthController
@@ -56,7 +55,7 @@ def resolve_format(setting: str, backend: ParallelBackend) -> str:
     sharded models only."""
     if not is_distributed():
         return FILE
-    if setting == DCP or (setting == "auto" and getattr(backend, "auto_dcp", backend.sharded)):
+    if setting == DCP or (setting == "auto" and backend.auto_dcp):
         return DCP
     return FILE
 
@@ -219,7 +218,7 @@ def _weightless(ctl: GrowthController) -> nn.Module | None:
     """A weightless copy to check the structure on: the model's, or the FSDP template's."""
     if not ctl.backend.sharded:
         return ctl.backend.shadow(ctl.model)
-    template = getattr(getattr(ctl.backend, "spec", None), "template", None)
+    template = ctl.backend.template
     return shadow_copy(template) if template is not None else None
 
 
@@ -282,7 +281,7 @@ def restore_dcp(ctl: GrowthController, path: Path, meta: dict[str, Any], shapes:
     if ctl._writer.report is not None:
         ctl.state.history = ctl._writer.report.resume_history(
             ctl.state.history, ctl.state.epoch, path.parent / "metrics.csv")
-    arm_probe(ctl)
+    ctl._arm_probe()
     ctl._last_time = time.perf_counter()
 
 

@@ -16,6 +16,7 @@ from torch import nn
 
 from ..errors import OrderError
 from ..nn.layers import unwrap_model
+from ..parallel.base import ParallelBackend
 from .optim import OptimizerRecipe, SchedulerRecipe, check_plateau_mode, current_lr, step_scheduler
 
 
@@ -102,6 +103,7 @@ class OptimizerMethods:
     _slot: OptimizerSlot
     model: nn.Module
     config: Any
+    backend: ParallelBackend
 
     @property
     def optimizer(self) -> torch.optim.Optimizer | None:
@@ -134,13 +136,13 @@ class OptimizerMethods:
     def build_optimizer(self) -> tuple[torch.optim.Optimizer, Any]:
         """(Re)build optimizer and scheduler over the currently trainable parameters (under
         DeepSpeed: the engine's optimizer, and None: the engine steps its scheduler)."""
-        if getattr(getattr(self, "backend", None), "owns_optimizer", False):
+        if self.backend.owns_optimizer:
             return self._slot.optimizer, None  # type: ignore[return-value]
         return self._slot.build(self.model, self.config.maximize)
 
     def _refuse_under_engine(self, what: str) -> None:
         """DeepSpeed builds the optimizer and scheduler from wrap_deepspeed's recipe."""
-        if getattr(getattr(self, "backend", None), "owns_optimizer", False):
+        if self.backend.owns_optimizer:
             raise OrderError(f"{what}() under DeepSpeed: the engine builds the optimizer and "
                              "scheduler; give their recipe to perfora.wrap_deepspeed("
                              "optimizer=..., optimizer_args=..., lr_scheduler=...) instead")

@@ -40,7 +40,6 @@ from .dcp_checkpoint import (
 from .optim import OptimizerRecipe, SchedulerRecipe
 from .rehearsal import checked_state, rehearse_checkpoint, rehearse_rule
 from .state import RESTRUCTURE, BestSnapshot, ControllerState, Decision
-from .surgery import arm_probe
 
 if TYPE_CHECKING:
     from typing import Self
@@ -224,7 +223,7 @@ def restore(ctl: GrowthController, state: ControllerState, meta: Mapping[str, An
     if ctl._writer.report is not None:
         ctl.state.history = ctl._writer.report.resume_history(ctl.state.history,
                                                               ctl.state.epoch, metrics)
-    arm_probe(ctl)
+    ctl._arm_probe()
     ctl._last_time = time.perf_counter()
 
 

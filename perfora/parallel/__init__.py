@@ -1,18 +1,21 @@
 """Parallel backends: one interface for no wrapper, DataParallel, DDP, FSDP1, FSDP2 and DeepSpeed.
 
 Each backend declares what it can do on :class:`ParallelBackend`; the controller reads those
-declarations. Rank queries and collectives live one floor below, in :mod:`perfora.distributed`.
+declarations. This package exports the backends and the wrappers perfora can build again;
+rank queries and collectives live one floor below, in :mod:`perfora.distributed`.
 """
 
 from .base import ParallelBackend
-from .deepspeed import DeepSpeedSpec, wrap_deepspeed
-from .factory import backend_of
-from .fsdp1 import FSDP1Spec, wrap_fsdp1
-from .fsdp2 import FSDP2Spec, shard_fsdp2
-from .sharded_state import full_state_dict, is_fsdp1, is_fsdp2
-from .wrappers import WrapperSpec, ddp_kwargs_of, wrap_ddp, wrapper_spec
+from .deepspeed import DeepSpeedBackend, DeepSpeedSpec, wrap_deepspeed
+from .factory import backend_of, wrapper_spec
+from .fsdp1 import FSDP1Backend, FSDP1Spec, wrap_fsdp1
+from .fsdp2 import FSDP2Backend, FSDP2Spec, shard_fsdp2
+from .replicated import DataParallelBackend, DDPBackend, NoWrapperBackend, ReplicatedBackend
+from .sharded import ShardedBackend
+from .wrappers import WrapperSpec, wrap_ddp
 
-__all__ = ["ParallelBackend", "backend_of",
-           "FSDP1Spec", "FSDP2Spec", "full_state_dict", "is_fsdp1", "is_fsdp2", "shard_fsdp2",
-           "wrap_fsdp1", "WrapperSpec", "ddp_kwargs_of", "wrap_ddp", "wrapper_spec",
+__all__ = ["ParallelBackend", "backend_of", "wrapper_spec",
+           "ReplicatedBackend", "NoWrapperBackend", "DataParallelBackend", "DDPBackend",
+           "ShardedBackend", "FSDP1Backend", "FSDP2Backend", "DeepSpeedBackend",
+           "WrapperSpec", "wrap_ddp", "FSDP1Spec", "wrap_fsdp1", "FSDP2Spec", "shard_fsdp2",
            "DeepSpeedSpec", "wrap_deepspeed"]

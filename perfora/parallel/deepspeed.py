@@ -27,14 +27,7 @@ from ..distributed.fingerprint import check_same_structure
 from ..errors import ParallelError
 from ..nn.layers import dendritic_layers, unwrap_model
 from . import zero3
-from .base import (
-    LayerEdit,
-    OptimizerState,
-    Prepare,
-    ReplicatedBackend,
-    edit_in_place,
-    restore_in_place,
-)
+from .base import LayerEdit, OptimizerState, Prepare, edit_in_place, restore_in_place
 from .deepspeed_config import (
     check_config,
     check_model,
@@ -45,6 +38,7 @@ from .deepspeed_config import (
     recipe,
     zero_stage,
 )
+from .replicated import ReplicatedBackend
 
 DEEPSPEED_KIND = "deepspeed"
 _SPEC_ATTR = "_perfora_wrapper_spec"
@@ -125,11 +119,20 @@ class DeepSpeedBackend(ReplicatedBackend):
     name = DEEPSPEED_KIND
     replaces_wrappers = True
     owns_optimizer = True  # the engine builds the optimizer: perfora hands it over
-    auto_dcp = False
+    auto_dcp = False  # DCP cannot read ZeRO partitions
 
     def __init__(self, spec: DeepSpeedSpec) -> None:
         self.spec = spec
-        self.sharded = spec.stage == 3
+
+    @property
+    def sharded(self) -> bool:
+        """True under ZeRO-3: each rank holds slices of the parameters."""
+        return self.spec.stage == 3
+
+    @property
+    def template(self) -> nn.Module | None:
+        """The structure-only copy kept under ZeRO-3 (None under stages 0-2)."""
+        return self.spec.template
 
     def engine_optimizer(self, model: nn.Module) -> Any:
         """The optimizer of the engine in use (DeepSpeed's wrapper under ZeRO)."""

@@ -10,7 +10,8 @@ from torch import nn
 
 from ..errors import ParallelError
 from ..nn.layers import dendritic_layers, unwrap_model
-from .base import OptimizerState, ShardedBackend
+from .base import OptimizerState
+from .sharded import ShardedBackend
 from .sharded_state import FSDP1_KIND, ShardSpec, is_fsdp1, is_fsdp2
 
 

@@ -17,7 +17,7 @@ from torch import nn
 
 from ..errors import ParallelError
 from ..nn.layers import dendritic_layers
-from .base import LayerEdit, Prepare, ShardedBackend
+from .base import LayerEdit, Prepare
 from .shard_local import (
     META,
     ShardLocalRebuild,
@@ -26,6 +26,7 @@ from .shard_local import (
     sharded_clones,
     whole_tensors,
 )
+from .sharded import ShardedBackend
 from .sharded_state import FSDP2_KIND, ShardSpec, is_fsdp2
 
 

@@ -12,7 +12,8 @@ from torch.distributed.fsdp import FullyShardedDataParallel
 
 import perfora
 from perfora.errors import ConversionError
-from perfora.parallel import full_state_dict, wrap_ddp, wrap_fsdp1
+from perfora.parallel import wrap_ddp, wrap_fsdp1
+from perfora.parallel.sharded_state import full_state_dict
 
 CPU = torch.device("cpu")
 

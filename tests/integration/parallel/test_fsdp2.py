@@ -19,8 +19,12 @@ from torch.distributed.tensor import DTensor
 import perfora
 from perfora.checkpoint.dcp import read_dcp
 from perfora.checkpoint.format import load_checkpoint
-from perfora.parallel import full_state_dict, shard_fsdp2
-from perfora.parallel.sharded_state import gather_optimizer_state, shard_optimizer_state
+from perfora.parallel import shard_fsdp2
+from perfora.parallel.sharded_state import (
+    full_state_dict,
+    gather_optimizer_state,
+    shard_optimizer_state,
+)
 
 
 def _flat(state: dict[str, torch.Tensor]) -> torch.Tensor:

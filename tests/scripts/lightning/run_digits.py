@@ -43,9 +43,10 @@ class DigitsNet(pl.LightningModule):
 
     def configure_model(self) -> None:
         import perfora
+        from perfora.parallel.sharded_state import is_fsdp1
 
         if self.shard == "fsdp1":
-            if not perfora.parallel.is_fsdp1(self.net):
+            if not is_fsdp1(self.net):
                 self.net = perfora.wrap_fsdp1(self.net,
                                               device_id=self.trainer.strategy.root_device)
         elif self.shard:
