@@ -196,7 +196,7 @@ def lightning_runs(out: Path) -> dict:
         entry: dict = {"rc": proc.returncode, "seconds": round(time.perf_counter() - start, 1)}
         rec = run_dir / "rank0.pt"
         if rec.exists():
-            data = torch.load(rec, weights_only=False)
+            data = torch.load(rec, weights_only=True)
             entry.update({k: data[k] for k in ("num_dendrites", "events", "completed")})
         if proc.returncode != 0:
             lines = [ln for ln in proc.stderr.splitlines() if "Error" in ln]
@@ -219,7 +219,7 @@ def _fit(out: Path, name: str, *extra: str) -> dict:
     entry: dict = {"rc": proc.returncode, "seconds": round(time.perf_counter() - start, 1)}
     rec = out / name / "rank0.pt"
     if rec.exists():
-        entry["record"] = torch.load(rec, weights_only=False)
+        entry["record"] = torch.load(rec, weights_only=True)
     if proc.returncode != 0:
         lines = [ln for ln in proc.stderr.splitlines() if "Error" in ln]
         entry["error"] = lines[-1][:400] if lines else proc.stderr[-600:]

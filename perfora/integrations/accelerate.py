@@ -24,8 +24,7 @@ import torch
 from ..errors import OrderError
 from ..growth import Decision, GrowthController
 from ..nn.layers import unwrap_model
-
-CONTROLLER_FILE = "perfora.safetensors"
+from ._common import CONTROLLER_FILE
 
 
 def prepare_after_growth(accelerator: Any, decision: Decision) -> tuple[Any, Any]:

@@ -11,6 +11,7 @@ restores the best model and stops the fit. Lightning is an optional dependency
 
 from __future__ import annotations
 
+import pickle
 import re
 import warnings
 from collections.abc import Mapping
@@ -20,13 +21,21 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..config import PerforaConfig, nearest_name
-from ..errors import ConfigError, PerforaError
+from ..config import PerforaConfig
+from ..errors import CheckpointError, ConfigError, PerforaError
 from ..growth import GrowthController
 from ..growth.state import CONTINUE, Decision
 from ..nn.layers import dendritic_layers
-from ..nn.perforation import layer_specs, perforate
+from ..nn.perforation import layer_specs
 from ..parallel.sharded_state import is_fsdp1
+from ._common import (
+    GrowthCallback,
+    check_mode,
+    controller_state,
+    dendrite_counts,
+    did_you_mean,
+    read_score,
+)
 
 try:  # the unified package first, then the standalone one
     import lightning.pytorch as pl
@@ -59,7 +68,6 @@ except ImportError:  # pragma: no cover - depends on what is installed
 
 __all__ = ["DendriteGrowth", "PHASE_CODES"]
 
-MODES = ("min", "max")
 LOWER_IS_BETTER = re.compile(r"loss|err|mse|mae|nll|perplex|ppl", re.I)
 HIGHER_IS_BETTER = re.compile(r"acc|f1|auc|precision|recall|bleu", re.I)
 """Metric names whose direction is clear: a loss is minimized, an accuracy maximized."""
@@ -67,7 +75,7 @@ PHASE_CODES = {"neuron": 0, "dendrite": 1}
 """Numeric codes of the learning rule's phases, as logged in ``perfora/phase``."""
 
 
-class DendriteGrowth(Callback):
+class DendriteGrowth(GrowthCallback, Callback):
     """Grow dendrites during ``trainer.fit`` when the monitored metric plateaus.
 
     ``monitor``/``mode``/``patience`` work as in ``EarlyStopping``; ``max_dendrites`` caps
@@ -79,6 +87,9 @@ class DendriteGrowth(Callback):
     dendrites, so perfora writes no model files of its own unless ``save_checkpoints=True``.
     """
 
+    callback_name = "DendriteGrowth"
+    model_noun = "LightningModule"
+
     def __init__(self, monitor: str = "val_loss", mode: str = "min", patience: int = 10,
                  max_dendrites: int = 3, *, module: str | None = None,
                  config: PerforaConfig | None = None, rule: str | None = None,
@@ -86,21 +97,16 @@ class DendriteGrowth(Callback):
                  run_dir: str | None = None, log_metrics: bool = True,
                  **settings: Any) -> None:
         super().__init__()
-        if mode not in MODES:
-            raise ConfigError(f"mode must be 'min' or 'max', got {mode!r}")
+        check_mode(mode)
         if not isinstance(monitor, str) or not monitor:
             raise ConfigError(f"monitor must be the name of a logged metric, got {monitor!r}")
-        base = config if config is not None else PerforaConfig(save_checkpoints=False)
-        overrides: dict[str, Any] = {"maximize": mode == "max", "n_epochs_to_switch": patience,
-                                     "max_dendrites": max_dendrites, **settings}
         if rule is not None:
-            overrides["rule"] = rule
-        self.config = base.replace(**overrides)
-        self.monitor, self.mode, self.module_path = monitor, mode, module
-        self.perforate_kwargs = dict(perforate_kwargs or {})
+            settings = {**settings, "rule": rule}
+        self._init_growth(patience=patience, max_dendrites=max_dendrites, module=module,
+                          config=config, perforate_kwargs=perforate_kwargs, settings=settings)
+        self.config = self.growth_config(mode)
+        self.monitor, self.mode = monitor, mode
         self.run_dir, self.log_metrics = run_dir, log_metrics
-        self.controller: GrowthController | None = None
-        self.last_decision: Decision | None = None
         self._pl_module: nn.Module | None = None
         self._pending: dict[str, Any] | None = None
         self._validations = 0  # validation ends seen in this fit (sanity check excluded)
@@ -110,19 +116,6 @@ class DendriteGrowth(Callback):
     @property
     def state_key(self) -> str:
         return self._generate_state_key(monitor=self.monitor, mode=self.mode)
-
-    def target(self, pl_module: nn.Module) -> nn.Module:
-        """The module that gets dendrites: ``pl_module`` or its ``module`` attribute path."""
-        if self.module_path is None:
-            return pl_module
-        try:
-            found = pl_module.get_submodule(self.module_path)
-        except AttributeError as exc:
-            names = [n for n, _ in pl_module.named_children()]
-            raise ConfigError(f"DendriteGrowth(module={self.module_path!r}): the "
-                              f"LightningModule has no such submodule; its children are "
-                              f"{names}") from exc
-        return found
 
     def _set_target(self, pl_module: nn.Module, new: nn.Module) -> None:
         if self.module_path is None:
@@ -136,10 +129,7 @@ class DendriteGrowth(Callback):
 
     def prepare(self, pl_module: nn.Module) -> nn.Module:
         """Perforate the model now (idempotent). Needed before ``fit`` only for ddp_spawn."""
-        target = self.target(pl_module)
-        if not dendritic_layers(target):
-            chosen = {"activation": self.config.activation} if self.config.activation else {}
-            perforate(target, **{**chosen, **self.perforate_kwargs})
+        self._perforate_target(pl_module, self.config)
         return pl_module
 
     # ------------------------------------------------------------------ hooks
@@ -236,10 +226,8 @@ class DendriteGrowth(Callback):
             return
         self._validations += 1
         score = self._read_monitor(trainer)
-        # read-only for the controller: the learning rate in metrics.csv and history.png
-        self.controller.hand_over_optimizer(trainer.optimizers[0] if trainer.optimizers else None)
-        decision = self.controller.step(score, model=self.target(pl_module))
-        self.last_decision = decision
+        decision = self._step(score, pl_module,
+                              trainer.optimizers[0] if trainer.optimizers else None)
         if decision.action != CONTINUE:
             self._set_target(pl_module, decision.model)
             self._rebuild(trainer)
@@ -289,21 +277,19 @@ class DendriteGrowth(Callback):
             f"mode={better!r} unless that is what you want", UserWarning, stacklevel=2)
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self.controller is not None:
-            self.controller.finish()
+        self._finish()
 
     # ------------------------------------------------------------------ helpers
     def _read_monitor(self, trainer: pl.Trainer) -> float:
         metrics = trainer.callback_metrics
-        if self.monitor not in metrics:
-            close = nearest_name(self.monitor, list(metrics))
-            hint = f" (did you mean {close!r}?)" if close else ""
+        score = read_score(metrics, self.monitor)
+        if score is None:
             raise ConfigError(
                 f"DendriteGrowth(monitor={self.monitor!r}) found no such metric after "
-                f"validation{hint}; logged metrics are {sorted(metrics)}. Log it in "
-                f"validation_step, e.g. self.log({self.monitor!r}, value, sync_dist=True)")
-        value = metrics[self.monitor]
-        return float(value.item() if isinstance(value, torch.Tensor) else value)
+                f"validation{did_you_mean(self.monitor, metrics)}; logged metrics are "
+                f"{sorted(metrics)}. Log it in validation_step, e.g. "
+                f"self.log({self.monitor!r}, value, sync_dist=True)")
+        return score
 
     def _rebuild(self, trainer: pl.Trainer) -> None:
         """New DDP wrapper over the new parameters, then configure_optimizers() again."""
@@ -335,12 +321,9 @@ class DendriteGrowth(Callback):
         """The controller's state and best snapshot (Lightning saves it in every checkpoint)."""
         if self.controller is None:
             return {} if self._pending is None else dict(self._pending)
-        state: dict[str, Any] = dict(self.controller.state_dict())
-        state["structure"] = layer_specs(self.controller.model)
-        best = self.controller.best_snapshot
+        state, best = controller_state(self.controller)
         if best is not None:
-            state["best_structure"] = best[0]
-            state["best"] = {k: v.detach().cpu() for k, v in best[1].items()}
+            state["best"] = best
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -361,10 +344,10 @@ class DendriteGrowth(Callback):
         assert self.controller is not None
         saved = state.get("structure")
         have = layer_specs(self.controller.model)
-        if saved is not None and _counts(saved) != _counts(have):
+        if saved is not None and dendrite_counts(saved) != dendrite_counts(have):
             raise PerforaError(
-                f"the checkpoint's dendrite structure {_counts(saved)} does not match the "
-                f"model's {_counts(have)}; resume with the same LightningModule and "
+                f"the checkpoint's dendrite structure {dendrite_counts(saved)} does not match "
+                f"the model's {dendrite_counts(have)}; resume with the same LightningModule and "
                 "DendriteGrowth(module=...) as the run that saved it")
         self.controller.load_state(state, state.get("best"))
 
@@ -424,16 +407,23 @@ def _reinitialize_deepspeed(strategy: Any) -> None:
 
 def saved_callback_state(path: Path, key: str) -> dict[str, Any] | None:
     """This callback's entry in a Lightning checkpoint: one file, a distributed checkpoint
-    folder (``meta.pt`` holds everything but the shards) or a DeepSpeed folder."""
+    folder (``meta.pt`` holds everything but the shards) or a DeepSpeed folder.
+
+    Read with ``torch.load(weights_only=True)``, as Lightning itself reads a checkpoint by
+    default: tensors and plain containers only, never code. A checkpoint holding other
+    objects raises CheckpointError."""
     source = path
     if path.is_dir():
         deepspeed_files = sorted((path / "checkpoint").glob("mp_rank_*_model_states.pt"))
         source = deepspeed_files[0] if deepspeed_files else path / "meta.pt"
     if not source.exists():
         return None
-    checkpoint = torch.load(source, map_location="cpu", weights_only=False)
+    try:
+        checkpoint = torch.load(source, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise CheckpointError(
+            f"{source}: perfora reads the dendrite structure from a Lightning checkpoint "
+            "with torch.load(weights_only=True) and never unpickles code, but this one holds "
+            "other objects. Register classes you trust with "
+            f"torch.serialization.add_safe_globals([...]) before fit. ({exc})") from None
     return checkpoint.get("callbacks", {}).get(key)
-
-
-def _counts(specs: Mapping[str, Mapping[str, Any]]) -> dict[str, int]:
-    return {path: int(spec.get("num_dendrites", 0)) for path, spec in specs.items()}

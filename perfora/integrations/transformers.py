@@ -29,13 +29,21 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..checkpoint.format import Checkpoint, load_checkpoint, save_checkpoint
-from ..config import PerforaConfig, nearest_name
+from ..config import PerforaConfig
 from ..errors import CheckpointError, ConfigError, OrderError, PerforaError
 from ..growth import GrowthController
-from ..growth.state import CONTINUE, Decision
-from ..nn.layers import dendritic_layers, unwrap_model
-from ..nn.perforation import layer_specs, perforate
+from ..growth.state import CONTINUE
+from ..nn.layers import unwrap_model
+from ._common import (
+    CONTROLLER_FILE,
+    GrowthCallback,
+    check_mode,
+    did_you_mean,
+    load_controller_file,
+    perforate_once,
+    read_score,
+    save_controller_file,
+)
 from .accelerate import _forget
 
 try:
@@ -53,11 +61,8 @@ except ImportError as exc:  # pragma: no cover - depends on what is installed
 
 __all__ = ["DendriteGrowthCallback", "CONTROLLER_FILE", "load_grown_pretrained"]
 
-CONTROLLER_FILE = "perfora.safetensors"
-MODES = ("min", "max")
 
-
-class DendriteGrowthCallback(TrainerCallback):
+class DendriteGrowthCallback(GrowthCallback, TrainerCallback):
     """Grow dendrites during ``Trainer.train`` when the monitored eval metric plateaus.
 
     ``monitor`` is a key of the evaluation metrics (``"eval_accuracy"``; the ``eval_``
@@ -72,28 +77,26 @@ class DendriteGrowthCallback(TrainerCallback):
     Trainer before ``train``.
     """
 
+    callback_name = "DendriteGrowthCallback"
+    model_noun = "model"
+
     def __init__(self, monitor: str | None = None, mode: str | None = None,
                  patience: int = 10, max_dendrites: int = 3, *, module: str | None = None,
                  config: PerforaConfig | None = None,
                  perforate_kwargs: Mapping[str, Any] | None = None,
                  run_dir: str | os.PathLike | None = None, write_files: bool = True,
                  **settings: Any) -> None:
-        if mode is not None and mode not in MODES:
-            raise ConfigError(f"mode must be 'min' or 'max', got {mode!r}")
+        if mode is not None:
+            check_mode(mode)
         if monitor is not None and (not isinstance(monitor, str) or not monitor):
             raise ConfigError(f"monitor must be the name of an eval metric, got {monitor!r}")
-        self.monitor, self.mode, self.module_path = monitor, mode, module
-        base = config if config is not None else PerforaConfig(save_checkpoints=False)
-        self._overrides: dict[str, Any] = {"n_epochs_to_switch": patience,
-                                           "max_dendrites": max_dendrites, **settings}
-        base.replace(**self._overrides)  # invalid settings fail here, not at bind
-        self._base_config = base
+        self.monitor, self.mode = monitor, mode
+        self._init_growth(patience=patience, max_dendrites=max_dendrites, module=module,
+                          config=config, perforate_kwargs=perforate_kwargs, settings=settings)
+        self.growth_config(mode or "min")  # invalid settings fail here, not at bind
         self.config: PerforaConfig | None = None
-        self.perforate_kwargs = dict(perforate_kwargs or {})
         self.run_dir, self.write_files = run_dir, write_files
         self.trainer: Trainer | None = None
-        self.controller: GrowthController | None = None
-        self.last_decision: Decision | None = None
         self._warned_missing = False
 
     # ------------------------------------------------------------------ binding
@@ -111,11 +114,8 @@ class DendriteGrowthCallback(TrainerCallback):
             return self
         _check_trainer(trainer)
         self.monitor, self.mode = _resolve_monitor(self.monitor, self.mode, trainer.args)
-        self.config = self._base_config.replace(maximize=self.mode == "max", **self._overrides)
-        target = self.target(trainer.model)
-        if not dendritic_layers(target):
-            chosen = {"activation": self.config.activation} if self.config.activation else {}
-            perforate(target, **{**chosen, **self.perforate_kwargs})
+        self.config = self.growth_config(self.mode)
+        target = self._perforate_target(trainer.model, self.config)
         run_dir = self.run_dir if self.run_dir is not None else \
             Path(trainer.args.output_dir) / "perfora"
         self.controller = GrowthController(target, self.config, run_dir=run_dir,
@@ -128,16 +128,8 @@ class DendriteGrowthCallback(TrainerCallback):
         return self
 
     def target(self, model: nn.Module) -> nn.Module:
-        """The module that grows: ``model`` itself or its ``module`` submodule."""
-        model = unwrap_model(model)
-        if self.module_path is None:
-            return model
-        try:
-            return model.get_submodule(self.module_path)
-        except AttributeError as exc:
-            names = [n for n, _ in model.named_children()]
-            raise ConfigError(f"DendriteGrowthCallback(module={self.module_path!r}): the model "
-                              f"has no such submodule; its children are {names}") from exc
+        """The module that grows: ``model`` (unwrapped) itself or its ``module`` submodule."""
+        return super().target(unwrap_model(model))
 
     def _wrap_train(self, trainer: Trainer) -> None:
         """Make ``trainer.train(resume_from_checkpoint=...)`` restore the structure first."""
@@ -174,10 +166,7 @@ class DendriteGrowthCallback(TrainerCallback):
         if score is None:
             return
         optimizer = trainer.optimizer
-        # read-only for the controller: the learning rate in metrics.csv
-        ctl.hand_over_optimizer(getattr(optimizer, "optimizer", optimizer))
-        decision = ctl.step(score, model=self.target(trainer.model))
-        self.last_decision = decision
+        decision = self._step(score, trainer.model, getattr(optimizer, "optimizer", optimizer))
         if decision.action != CONTINUE:
             self.rebuild(trainer)
         if decision.complete:
@@ -197,8 +186,7 @@ class DendriteGrowthCallback(TrainerCallback):
 
     def on_train_end(self, args: TrainingArguments, state: TrainerState,
                      control: TrainerControl, **kwargs: Any) -> None:
-        if self.controller is not None:
-            self.controller.finish()
+        self._finish()
 
     # ------------------------------------------------------------------ growth
     def rebuild(self, trainer: Trainer) -> None:
@@ -257,53 +245,36 @@ class DendriteGrowthCallback(TrainerCallback):
 
     def _read_monitor(self, metrics: Mapping[str, Any]) -> float | None:
         assert self.monitor is not None
-        key = self.monitor if self.monitor in metrics else f"eval_{self.monitor}"
-        if key not in metrics:
-            if not self._warned_missing:
-                self._warned_missing = True
-                close = nearest_name(self.monitor, list(metrics))
-                hint = f" (did you mean {close!r}?)" if close else ""
-                warnings.warn(
-                    f"DendriteGrowthCallback(monitor={self.monitor!r}) found no such metric "
-                    f"after evaluation{hint}; the metrics are {sorted(metrics)}. Nothing "
-                    "grows until it is reported: return it from compute_metrics (its keys "
-                    "get the eval_ prefix) or pass monitor=<one of them>",
-                    UserWarning, stacklevel=2)
-            return None
-        value = metrics[key]
-        return float(value.item() if isinstance(value, torch.Tensor) else value)
+        score = read_score(metrics, self.monitor, f"eval_{self.monitor}")
+        if score is None and not self._warned_missing:
+            self._warned_missing = True
+            warnings.warn(
+                f"DendriteGrowthCallback(monitor={self.monitor!r}) found no such metric after "
+                f"evaluation{did_you_mean(self.monitor, metrics)}; the metrics are "
+                f"{sorted(metrics)}. Nothing grows until it is reported: return it from "
+                "compute_metrics (its keys get the eval_ prefix) or pass "
+                "monitor=<one of them>", UserWarning, stacklevel=2)
+        return score
 
     # ------------------------------------------------------------------ state
     def save(self, path: str | os.PathLike) -> None:
         """Write the controller state, the structure and the best snapshot (no weights:
         the Trainer saves those) to one safetensors file."""
-        ctl = self.controller
-        if ctl is None:
+        if self.controller is None:
             raise OrderError("save() before bind(trainer)")
-        meta: dict[str, Any] = {"structure": layer_specs(ctl.model), **ctl.state_dict()}
-        tensors: dict[str, dict[str, torch.Tensor]] = {}
-        best = ctl.best_snapshot
-        if best is not None:
-            meta["best_structure"] = best[0]
-            tensors["best"] = {k: v.detach().cpu().contiguous() for k, v in best[1].items()}
-        save_checkpoint(path, Checkpoint(tensors=tensors, meta=json.loads(json.dumps(meta))))
+        save_controller_file(self.controller, path)
 
     def restore(self, folder: str | os.PathLike) -> None:
         """Give the model the dendrites saved in a Trainer checkpoint folder and restore the
         controller (called by ``train(resume_from_checkpoint=...)``, before the weights load)."""
-        ctl = self.controller
-        if ctl is None:
+        if self.controller is None:
             raise OrderError("restore() before bind(trainer)")
         path = Path(folder) / CONTROLLER_FILE
         if not path.is_file():
             raise CheckpointError(f"{folder} has no {CONTROLLER_FILE}: it was not written "
                                   "by a Trainer with a bound DendriteGrowthCallback, so its "
                                   "weights may not fit the perforated model")
-        ckpt = load_checkpoint(path)
-        if "structure" not in ckpt.meta:
-            raise CheckpointError(f"{path}: structure: missing")
-        ctl.match_structure(ckpt.meta["structure"])
-        ctl.load_state(ckpt.meta, ckpt.tensors.get("best"))
+        load_controller_file(self.controller, path)
 
 
 def _check_trainer(trainer: Any) -> None:
@@ -382,9 +353,7 @@ def load_grown_pretrained(model: nn.Module, folder: str | os.PathLike, *,
     import safetensors.torch
 
     folder = Path(folder)
-    target = model.get_submodule(module) if module else model
-    if not dendritic_layers(target):
-        perforate(target, **perforate_kwargs)
+    perforate_once(model.get_submodule(module) if module else model, perforate_kwargs)
     single = folder / "model.safetensors"
     index = folder / "model.safetensors.index.json"
     if single.is_file():

@@ -19,7 +19,11 @@ import torch
 
 import perfora
 from perfora.errors import ConfigError, PerforaError
-from perfora.integrations.lightning import DendriteGrowth, prime_optimizer_state
+from perfora.integrations.lightning import (
+    DendriteGrowth,
+    prime_optimizer_state,
+    saved_callback_state,
+)
 from tests.support.paths import ROOT, SCRIPTS
 from tests.support.script_server import ScriptServer
 
@@ -67,7 +71,7 @@ def run_fit(out: Path, *args: str, server: ScriptServer | None = None) -> None:
 
 
 def record(out: Path, name: str = "rank0") -> dict:
-    return torch.load(out / f"{name}.pt", weights_only=False)
+    return torch.load(out / f"{name}.pt", weights_only=True)
 
 
 def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
@@ -241,9 +245,13 @@ def test_a_saved_checkpoint_loads_into_a_fresh_module_for_inference(tmp_path):
     trainer.fit(model, train, val)
     assert growth.controller.num_dendrites == 1
     trainer.save_checkpoint(tmp_path / "grown.ckpt")
+    # the callback's entry (read before a sharded strategy loads): structure and best model
+    saved = saved_callback_state(tmp_path / "grown.ckpt", growth.state_key)
+    assert {n: s["num_dendrites"] for n, s in saved["structure"].items()} == {"0": 1, "2": 1}
+    assert saved["best"].keys() == growth.controller.best_snapshot[1].keys()
     fresh = DigitsNet()
     DendriteGrowth(module="net").prepare(fresh)  # perforated, no dendrites yet
-    state = torch.load(tmp_path / "grown.ckpt", weights_only=False)["state_dict"]
+    state = torch.load(tmp_path / "grown.ckpt")["state_dict"]  # weights_only by default
     fresh.load_state_dict(state)  # each layer takes the saved dendrite count
     x = torch.rand(5, 64)
     with torch.no_grad():

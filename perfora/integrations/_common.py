@@ -1,0 +1,168 @@
+"""What the Lightning and Hugging Face growth callbacks share, whatever the framework.
+
+:class:`GrowthCallback` is mixed in before the framework's own callback base: it finds the
+submodule that grows, perforates it once, hands each monitored score to the controller and
+keeps the last decision. The functions read a monitored metric, and write and read the
+controller's state in a framework checkpoint (structure, scores, rule state, best
+snapshot; the framework saves the weights itself).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from ..checkpoint.format import Checkpoint, load_checkpoint, save_checkpoint
+from ..config import PerforaConfig, nearest_name
+from ..errors import CheckpointError, ConfigError
+from ..growth import Decision, GrowthController
+from ..nn.layers import dendritic_layers
+from ..nn.perforation import layer_specs, perforate
+
+MODES = ("min", "max")
+"""The directions a monitored metric can improve in: ``"min"`` (a loss), ``"max"``."""
+CONTROLLER_FILE = "perfora.safetensors"
+"""The file perfora adds to a framework's checkpoint folder: the controller's state."""
+
+
+class GrowthCallback:
+    """The framework-independent half of a growth callback.
+
+    A subclass sets ``callback_name`` and ``model_noun`` (for error messages), calls
+    :meth:`_init_growth` from its ``__init__`` and :meth:`_step` with each monitored score;
+    everything about the framework's trainer, wrappers and optimizers stays in the subclass.
+    """
+
+    callback_name: ClassVar[str] = "GrowthCallback"
+    model_noun: ClassVar[str] = "model"
+
+    module_path: str | None
+    perforate_kwargs: dict[str, Any]
+    controller: GrowthController | None
+    last_decision: Decision | None
+
+    def _init_growth(self, *, patience: int, max_dendrites: int, module: str | None,
+                     config: PerforaConfig | None,
+                     perforate_kwargs: Mapping[str, Any] | None,
+                     settings: Mapping[str, Any]) -> None:
+        """Keep what every growth callback is given; the controller comes later."""
+        self.module_path = module
+        self.perforate_kwargs = dict(perforate_kwargs or {})
+        self._base_config = config if config is not None else \
+            PerforaConfig(save_checkpoints=False)
+        self._overrides: dict[str, Any] = {"n_epochs_to_switch": patience,
+                                           "max_dendrites": max_dendrites, **settings}
+        self.controller = None
+        self.last_decision = None
+
+    def growth_config(self, mode: str) -> PerforaConfig:
+        """The controller's config: the base config with ``mode`` and the given settings
+        (invalid settings raise a ConfigError)."""
+        return self._base_config.replace(**{"maximize": mode == "max", **self._overrides})
+
+    def target(self, model: nn.Module) -> nn.Module:
+        """The module that gets dendrites: ``model`` itself or its ``module`` attribute path."""
+        if self.module_path is None:
+            return model
+        try:
+            return model.get_submodule(self.module_path)
+        except AttributeError as exc:
+            names = [n for n, _ in model.named_children()]
+            raise ConfigError(f"{self.callback_name}(module={self.module_path!r}): the "
+                              f"{self.model_noun} has no such submodule; its children are "
+                              f"{names}") from exc
+
+    def _perforate_target(self, model: nn.Module, config: PerforaConfig) -> nn.Module:
+        """Perforate the target of ``model`` unless it already has dendritic layers."""
+        target = self.target(model)
+        chosen = {"activation": config.activation} if config.activation else {}
+        perforate_once(target, {**chosen, **self.perforate_kwargs})
+        return target
+
+    def _step(self, score: float, model: nn.Module,
+              optimizer: torch.optim.Optimizer | None) -> Decision:
+        """One score to the controller; ``optimizer`` is only read (its learning rate goes
+        to metrics.csv and history.png)."""
+        assert self.controller is not None
+        self.controller.hand_over_optimizer(optimizer)
+        decision = self.controller.step(score, model=self.target(model))
+        self.last_decision = decision
+        return decision
+
+    def _finish(self) -> None:
+        """Write the run's last files (the fit or training ended)."""
+        if self.controller is not None:
+            self.controller.finish()
+
+
+def check_mode(mode: str) -> None:
+    """Refuse a direction other than ``"min"`` and ``"max"``."""
+    if mode not in MODES:
+        raise ConfigError(f"mode must be 'min' or 'max', got {mode!r}")
+
+
+def perforate_once(target: nn.Module, perforate_kwargs: Mapping[str, Any]) -> nn.Module:
+    """Perforate ``target`` unless it already has dendritic layers (a resumed or prepared
+    model keeps its own)."""
+    if not dendritic_layers(target):
+        perforate(target, **perforate_kwargs)
+    return target
+
+
+def read_score(metrics: Mapping[str, Any], *names: str) -> float | None:
+    """The first of ``names`` found in ``metrics``, as a float (a tensor's value); None
+    when none of them was reported."""
+    for name in names:
+        if name in metrics:
+            value = metrics[name]
+            return float(value.item() if isinstance(value, torch.Tensor) else value)
+    return None
+
+
+def did_you_mean(monitor: str, names: Mapping[str, Any]) -> str:
+    """`` (did you mean 'x'?)`` for the reported name closest to ``monitor``, else ``""``."""
+    close = nearest_name(monitor, list(names))
+    return f" (did you mean {close!r}?)" if close else ""
+
+
+def controller_state(ctl: GrowthController
+                     ) -> tuple[dict[str, Any], dict[str, torch.Tensor] | None]:
+    """The controller's state for a framework checkpoint: ``(meta, best)``.
+
+    ``meta`` holds the model's dendrite structure, the controller and rule state and the
+    best snapshot's structure; ``best`` the best snapshot's tensors on the CPU (None when
+    there is none yet). No weights: the framework saves those."""
+    meta: dict[str, Any] = {**ctl.state_dict(), "structure": layer_specs(ctl.model)}
+    best: dict[str, torch.Tensor] | None = None
+    snapshot = ctl.best_snapshot
+    if snapshot is not None:
+        meta["best_structure"] = snapshot[0]
+        best = {k: v.detach().cpu().contiguous() for k, v in snapshot[1].items()}
+    return meta, best
+
+
+def dendrite_counts(specs: Mapping[str, Mapping[str, Any]]) -> dict[str, int]:
+    """The dendrite count of every layer in a structure (``layer_specs``)."""
+    return {path: int(spec.get("num_dendrites", 0)) for path, spec in specs.items()}
+
+
+def save_controller_file(ctl: GrowthController, path: str | os.PathLike) -> None:
+    """Write :func:`controller_state` to one safetensors file (JSON metadata, no pickle)."""
+    meta, best = controller_state(ctl)
+    tensors = {"best": best} if best is not None else {}
+    save_checkpoint(path, Checkpoint(tensors=tensors, meta=json.loads(json.dumps(meta))))
+
+
+def load_controller_file(ctl: GrowthController, path: str | os.PathLike) -> None:
+    """Give the model the dendrites saved by :func:`save_controller_file` and restore the
+    controller from it (before the framework loads the weights into the grown model)."""
+    ckpt = load_checkpoint(path)
+    if "structure" not in ckpt.meta:
+        raise CheckpointError(f"{path}: structure: missing")
+    ctl.match_structure(ckpt.meta["structure"])
+    ctl.load_state(ckpt.meta, ckpt.tensors.get("best"))
