@@ -1,14 +1,21 @@
-"""The three bank kinds (Linear, Conv, generic modules) keep what checkpoints rely on: the
-state dict's keys, their order and shapes, the parameter order optimizers see, the module
-tree and the per-layer specs saved with a checkpoint, recorded here for one small model that
-holds every kind, partial sets, a grouped conv, a norm group and candidates trained apart."""
+"""The three bank kinds (Linear, Conv, generic modules): ``DendriticLayer(module, ...)`` builds
+the class of the module's kind, and the kinds keep what checkpoints rely on: the state dict's
+keys, their order and shapes, the parameter order optimizers see, the module tree and the
+per-layer specs saved with a checkpoint, recorded here for one small model that holds every
+kind, partial sets, a grouped conv, a norm group and candidates trained apart."""
 
 from __future__ import annotations
 
+import copy
+
+import pytest
 import torch
 from torch import nn
 
 import perfora
+from perfora import ConversionError, DendriticLayer
+from perfora.nn import ConvDendriticLayer, GenericDendriticLayer, LinearDendriticLayer
+from perfora.nn.layers import bank_kind
 from perfora.nn.perforation import layer_specs
 
 
@@ -125,3 +132,38 @@ def test_layer_specs_are_unchanged():
     specs = layer_specs(grown_model())
     assert specs == SPECS
     assert [list(spec) for spec in specs.values()] == [list(spec) for spec in SPECS.values()]
+
+
+# --------------------------------------------------------------------------- one class per kind
+@pytest.mark.parametrize(("base", "kind_class", "grouped"), [
+    (nn.Linear(4, 3), LinearDendriticLayer, False),
+    (nn.modules.linear.NonDynamicallyQuantizableLinear(4, 3), LinearDendriticLayer, False),
+    (nn.Conv1d(2, 3, 3), ConvDendriticLayer, False),
+    (nn.Conv2d(2, 4, 3, groups=2), ConvDendriticLayer, False),
+    (nn.Conv3d(2, 3, 3), ConvDendriticLayer, False),
+    (nn.Sequential(nn.Conv2d(2, 3, 3), nn.BatchNorm2d(3)), ConvDendriticLayer, True),
+    (nn.Sequential(nn.Linear(4, 3), nn.LayerNorm(3)), LinearDendriticLayer, True),
+    (nn.LayerNorm(3), GenericDendriticLayer, False),
+    (nn.Embedding(5, 3), GenericDendriticLayer, False),
+    (nn.ConvTranspose1d(2, 3, 3), GenericDendriticLayer, False),
+], ids=lambda v: v if isinstance(v, bool) else type(v).__name__)
+def test_dendritic_layer_builds_the_class_of_its_bank_kind(base, kind_class, grouped):
+    layer = DendriticLayer(base, num_neurons=3, neuron_axis=1, grouped=grouped)
+    assert type(layer) is kind_class and isinstance(layer, DendriticLayer)
+    assert layer.kind == kind_class.kind == bank_kind(layer.source)
+    assert layer.structure()["kind"] == layer.kind
+    assert type(copy.deepcopy(layer)) is kind_class
+
+
+def test_the_public_names_are_one_class():
+    assert perfora.DendriticLayer is perfora.nn.DendriticLayer is DendriticLayer
+    assert issubclass(LinearDendriticLayer, DendriticLayer)
+    assert {cls.kind for cls in (LinearDendriticLayer, ConvDendriticLayer,
+                                 GenericDendriticLayer)} == {"linear", "conv", "generic"}
+
+
+def test_a_kind_class_refuses_a_module_of_another_kind():
+    with pytest.raises(ConversionError, match="LinearDendriticLayer cannot hold a Conv2d"):
+        LinearDendriticLayer(nn.Conv2d(2, 3, 3), num_neurons=3, neuron_axis=1)
+    layer = ConvDendriticLayer(nn.Conv2d(2, 3, 3), num_neurons=3, neuron_axis=1)
+    assert type(layer) is ConvDendriticLayer

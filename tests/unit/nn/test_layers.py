@@ -83,7 +83,7 @@ def per_neuron(vec: torch.Tensor, ndim: int, axis: int) -> torch.Tensor:
 
 
 def dendrite_module(layer: DendriticLayer, k: int) -> nn.Module:
-    """Dendrite k as a standalone copy of the source layer (bank layout: see layers.py).
+    """Dendrite k as a standalone copy of the source layer (bank layout: see row_bank.py).
 
     Linear/Conv banks hold, per conv group, the K dendrites' rows one after another
     (``[groups, K, rows_per_group, ...]``); generic banks stack each parameter on dim 0.
