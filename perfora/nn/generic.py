@@ -22,7 +22,8 @@ class GenericDendriticLayer(DendriticLayer):
 
     kind = "generic"
 
-    def _names(self) -> list[str]:
+    def _param_names(self) -> list[str]:
+        """The source's parameter names, in the order functional_call takes them."""
         return [n for n, _ in self.source.named_parameters()]
 
     # ------------------------------------------------------------------ the bank
@@ -72,13 +73,13 @@ class GenericDendriticLayer(DendriticLayer):
         return list(self.candidate_params.values())
 
     def _candidate_pre(self, x: torch.Tensor) -> torch.Tensor:
-        params = {name: self.candidate_params[_key(name)] for name in self._names()}
+        params = {name: self.candidate_params[_key(name)] for name in self._param_names()}
         return torch.func.functional_call(self.source, params, (x,))
 
     # ------------------------------------------------------------------ forward
     def _bank_outputs(self, x: torch.Tensor) -> list[torch.Tensor]:
         """D_k(x) for every k: one vmap over the stacked parameters."""
-        params = {name: self.bank_params[_key(name)] for name in self._names()}
+        params = {name: self.bank_params[_key(name)] for name in self._param_names()}
 
         def call(p: dict[str, torch.Tensor], inp: torch.Tensor) -> torch.Tensor:
             return torch.func.functional_call(self.source, p, (inp,))

@@ -31,6 +31,7 @@ class RowBankLayer(DendriticLayer):
         return self._groups() == 1
 
     def _set_mask(self, neurons: list[list[int] | None] | None, k: int) -> None:
+        """Record which neurons each of the k sets feeds, checked: a mask row per set."""
         if neurons is None or all(n is None for n in neurons) or not self.supports_partial_sets():
             super()._set_mask(neurons, k)
             return
