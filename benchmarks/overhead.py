@@ -56,7 +56,8 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 import perfora
-from perfora.nn.layers import DendriticLayer, dendritic_layers
+from perfora.nn.layers import dendritic_layers
+from perfora.nn.row_bank import RowBankLayer
 
 KS = (0, 1, 2, 3)
 TARGET_K0 = 1.03
@@ -336,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.compile and args.out == DEFAULT_OUT:
         args.out = DEFAULT_OUT.with_name("overhead_compiled.json")
     if args.unfused:
-        DendriticLayer._fused_spec = lambda self, x, y: None
+        RowBankLayer._fused_spec = lambda self, x, y: None
         if args.out == DEFAULT_OUT:
             args.out = DEFAULT_OUT.with_name("overhead_unfused.json")
 

@@ -28,9 +28,10 @@ kernels run without autograd bookkeeping. The layer uses this path in eager mode
 Linear and ungrouped zero-padded Conv banks whose sets feed every neuron; everything else
 (selective growth, a candidate trained apart, grouped or reflect-padded convs, generic
 modules, autocast, ``torch.compile``/``torch.export`` tracing, ``torch.func`` transforms,
-forward-mode AD) takes the plain autograd code in ``layers.py``, which compilers fuse by
-themselves and which has every batching and forward-mode rule. Tests check both against a
-reference of the formula and the backward against ``torch.autograd.gradcheck`` in float64.
+forward-mode AD) takes the plain autograd code (``row_bank.py``, ``layers.py``), which
+compilers fuse by themselves and which has every batching and forward-mode rule. Tests check
+both against a reference of the formula and the backward against ``torch.autograd.gradcheck``
+in float64.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 The reference is written from the formula in ``perfora.nn.layers``, one dendrite at a time, each
 as a standalone copy of the wrapped layer, with selective-growth sets computed in the full
 neuron space. Outputs and the gradients of every parameter and of the input must agree, for
-Linear and Conv1d/Conv2d, K = 0..3, every activation, partial sets, a frozen base and frozen
+Linear and Conv1d/2d/3d, K = 0..3, every activation, partial sets, a frozen base and frozen
 parameter groups, and (drawn by hypothesis) odd shapes, empty batches and non-contiguous inputs
 against the autograd code. The hand-written backward is also checked by
 ``torch.autograd.gradcheck`` in float64.
@@ -36,6 +36,7 @@ CASES = {
     "conv2d": (lambda: nn.Conv2d(3, 4, 3, padding=1), (2, 3, 6, 6), 1, 4),
     "conv2d_strided": (lambda: nn.Conv2d(3, 4, 3, stride=2, dilation=2, bias=False),
                        (2, 3, 7, 7), 1, 4),
+    "conv3d": (lambda: nn.Conv3d(2, 3, 3, padding=1), (2, 2, 4, 4, 4), 1, 3),
 }
 FUSABLE = list(CASES)
 
@@ -142,7 +143,7 @@ def test_float32_matches_the_reference(case):
     assert_matches(layer, x, tol=1e-5)
 
 
-@pytest.mark.parametrize("case", ["linear", "linear_3d", "conv2d"])
+@pytest.mark.parametrize("case", FUSABLE)
 def test_fused_and_autograd_paths_agree(case):
     """The fused node and the plain autograd code (used when tracing) give the same numbers."""
     fused, x = build(case, 3, dtype=torch.float32)
@@ -155,7 +156,7 @@ def test_fused_and_autograd_paths_agree(case):
         torch.testing.assert_close(got_f[name], got_p[name], rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("case", ["linear", "conv1d", "conv2d"])
+@pytest.mark.parametrize("case", ["linear", "conv1d", "conv2d", "conv3d"])
 def test_selective_growth_matches_the_reference(case):
     n = CASES[case][3]
     layer, x = build(case, 3, neurons=[None, [0, 2], [1, 2, n - 1]])
@@ -248,7 +249,7 @@ def test_conv_backward_keeps_few_gradient_maps_alive(k, gradient_maps):
     assert max(probe.counts[:k]) <= k + 1 + gradient_maps, probe.counts
 
 
-@pytest.mark.parametrize("case", ["linear", "linear_3d", "linear_no_bias", "conv2d"])
+@pytest.mark.parametrize("case", FUSABLE)
 def test_growth_from_the_autograd_path_into_the_fused_one_is_exact(case):
     """K = 1 runs the plain autograd code, K >= 2 the fused node: growing across that line
     (and on) must leave the outputs bit-identical."""
