@@ -6,8 +6,8 @@ the same per-rank data for every variant:
 - ``plain``: the unconverted model under DDP.
 - ``perfora K=0/1/2``: the perforated model with K dendrite sets, wrapped the way perfora
   re-wraps it (``find_unused_parameters=False``).
-- ``seed way K=1/2``: the same perforated models under ``find_unused_parameters=True``, as
-  the seed's DDP workflow requires.
+- ``find_unused K=1/2``: the same perforated models under ``find_unused_parameters=True``,
+  as the PerforatedAI multi-GPU recipe requires.
 
 Variants are timed interleaved (every round runs each variant for a few steps, in rotated
 order); a variant's time is the median over rounds of its per-step time, and its ratio the
@@ -52,7 +52,7 @@ WIDTH, DEPTH, BATCH, IN, OUT = 256, 3, 32, 64, 10
 
 
 def make_mlp(seed: int = 0) -> nn.Module:
-    """MLP 64-256x3-10 (the size used in the research notes)."""
+    """MLP 64-256x3-10."""
     torch.manual_seed(seed)
     layers: list[nn.Module] = []
     width = IN
@@ -92,7 +92,7 @@ def _worker(rank: int, tmp: str, rounds: int, steps: int, out: str) -> None:
     for k in (0, 1, 2):
         variants[f"perfora K={k}"] = perfora.wrap_ddp(perforated(k))
     for k in (1, 2):
-        variants[f"seed way K={k}"] = DDP(perforated(k), find_unused_parameters=True)
+        variants[f"find_unused K={k}"] = DDP(perforated(k), find_unused_parameters=True)
     opts = {name: torch.optim.SGD(m.parameters(), lr=0.01) for name, m in variants.items()}
     names = list(variants)
     for name in names:  # warm-up (first iterations build DDP's buckets)
@@ -181,9 +181,9 @@ def main(argv: list[str] | None = None) -> int:
                      "ratio_to_plain": statistics.median(ratios)})
     by = {r["variant"]: r for r in rows}
     for k in (1, 2):
-        seed, ours = times[f"seed way K={k}"], times[f"perfora K={k}"]
-        by[f"seed way K={k}"]["ratio_to_perfora"] = statistics.median(
-            [s / o for s, o in zip(seed, ours)])
+        unused, ours = times[f"find_unused K={k}"], times[f"perfora K={k}"]
+        by[f"find_unused K={k}"]["ratio_to_perfora"] = statistics.median(
+            [s / o for s, o in zip(unused, ours)])
     in_process_ms = statistics.median(raw["restructure_ms"])
     restart_ms = 1000 * statistics.median(restart_s)
     result = {
@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         "seconds": time.perf_counter() - started,
     }
     print(f"{result['model']}, {WORLD} CPU ranks (gloo), {rounds} rounds x {steps} steps\n")
-    print("| variant | ms/step | vs plain DDP | seed way vs perfora |")
+    print("| variant | ms/step | vs plain DDP | find_unused vs perfora |")
     print("|---|---|---|---|")
     for r in rows:
         extra = f"{r['ratio_to_perfora']:.2f}x" if "ratio_to_perfora" in r else ""

@@ -3,8 +3,8 @@
 A small MLP (64-32-10) trains on scikit-learn's ``load_digits`` for N epochs (default 200)
 with a run folder, default settings (``checkpoint_time_budget`` 5%) and no growth (the
 plateau patience is longer than the run), so every epoch is a plain one. Per epoch it times
-only the perfora calls -- native: ``controller.step(score)``; compat: the seed's tracker
-calls ``add_extra_score``, ``add_test_score`` and ``add_validation_score`` -- with the
+only the perfora calls -- native: ``controller.step(score)``; compat: PerforatedAI's
+tracker calls ``add_extra_score``, ``add_test_score`` and ``add_validation_score`` -- with the
 training epoch (train + validation) beside it. Reported: median and p90 cost per epoch (ms),
 the median over epochs that wrote no checkpoint, the cost as a fraction of the epoch, how
 many epochs wrote ``latest``, and the checkpoint JSON size at epoch 10 and at the last epoch
@@ -123,7 +123,7 @@ def run_native(data: tuple[torch.Tensor, ...], epochs: int, folder: Path) -> dic
 
 
 def run_compat(data: tuple[torch.Tensor, ...], epochs: int, folder: Path) -> dict:
-    """The seed's three tracker calls per epoch."""
+    """PerforatedAI's three tracker calls per epoch."""
     GPA.reset()
     GPA.pc.set_testing_dendrite_capacity(False)
     GPA.pc.set_n_epochs_to_switch(PATIENCE)

@@ -161,8 +161,9 @@ def _ddp_variant(name: str) -> str:
         return _DDP_NAMES[name]
     if name.startswith("perfora "):
         return "perfora, " + name.removeprefix("perfora ")
-    if name.startswith("seed way "):
-        return "seed's way (`find_unused_parameters=True`), " + name.removeprefix("seed way ")
+    if name.startswith("find_unused "):
+        return ("PerforatedAI's recipe (`find_unused_parameters=True`), "
+                + name.removeprefix("find_unused "))
     return name
 
 

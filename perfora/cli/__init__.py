@@ -105,7 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "resumes from (default PAI)")
     launch.add_argument("--init", action="store_true",
                         help="first run the script once in one process with "
-                             "--perforate_model_parallel (the seed's initialization run)")
+                             "--perforate_model_parallel (the PerforatedAI recipe's "
+                             "initialization run)")
     launch.add_argument("--max-failures", type=int, default=3, metavar="F",
                         help="failed attempts (non-zero exit) to restart before giving up "
                              "(default 3)")
@@ -127,7 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     launch.set_defaults(func=_launch)
 
     convert = sub.add_parser(
-        "convert", help="apply the seed's edits to a training script (prints a diff)",
+        "convert", help="edit a training script for perfora (prints a diff)",
         description="Convert training scripts for perfora: print a unified diff (default), "
                     "apply it (--write, keeping FILE.bak) or only check (--check exits 1 when "
                     "a script needs changes). Parts too irregular to convert are left as they "
@@ -135,7 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("files", nargs="+", metavar="FILE", help="training script(s)")
     convert.add_argument("--mode", choices=("native", "compat"), default="native",
                          help="native: perfora's API, no restarts (default); compat: the "
-                              "seed's PerforatedAI recipe with perfora.compat's GPA/UPA")
+                              "PerforatedAI recipe with perfora.compat's GPA/UPA names")
     convert.add_argument("--write", action="store_true",
                          help="change the files in place (the original goes to FILE.bak)")
     convert.add_argument("--check", action="store_true",

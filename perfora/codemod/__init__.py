@@ -1,4 +1,5 @@
-"""``perfora convert``: apply the seed's edits to a training script (a libcst codemod).
+"""``perfora convert``: apply the PerforatedAI recipe's edits to a training script (a libcst
+codemod).
 
 ``syntax`` answers small questions about libcst nodes, ``finders`` each find one part of a
 script (with line numbers) and ``analysis`` composes them, ``native_edits`` and

@@ -21,7 +21,7 @@ class ScriptError(PerforaError):
 
 
 def convert_source(source: str, mode: str = "native", **options: Any) -> CodemodResult:
-    """Apply the seed's edits to a training script's text (``mode``: native or compat).
+    """Apply the PerforatedAI recipe's edits to a script's text (``mode``: native or compat).
 
     ``options``: ``settings`` ({name: value source}), ``run_dir`` (native), ``save_name``
     (compat), ``score`` (the name to report), ``maximize``, ``name`` (the script's stem).

@@ -37,7 +37,7 @@ class ConvertOptions:
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ConfigError(f"unknown mode {self.mode!r}: use 'native' (perfora's API, no "
-                              "restarts) or 'compat' (the seed's PerforatedAI recipe)")
+                              "restarts) or 'compat' (the PerforatedAI recipe)")
         self.settings = {k: _setting_source(self.mode, k, v) for k, v in self.settings.items()}
         _check_values(self.mode, self.settings)
 
