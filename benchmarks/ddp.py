@@ -37,6 +37,7 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
+import output_paths
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -47,7 +48,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import perfora
 
 WORLD = 2
-DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "ddp.json"
+OUTPUT = "ddp.json"
 WIDTH, DEPTH, BATCH, IN, OUT = 256, 3, 32, 64, 10
 
 
@@ -150,15 +151,26 @@ def _restart_seconds(path: Path) -> float:
     return time.perf_counter() - start
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a few rounds only (smoke run)")
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--steps", type=int, default=20, help="steps per variant per round")
     parser.add_argument("--restarts", type=int, default=3, help="restarts to time")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--out", type=Path, default=None, help=output_paths.default_help(OUTPUT))
+    output_paths.add_update_stored(parser)
     parser.add_argument("--restart-probe", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def output_path(args: argparse.Namespace) -> Path:
+    """Where the JSON goes: --out, else results/local/ (results/ with --update-stored)."""
+    return args.out or output_paths.results_dir(args.update_stored) / OUTPUT
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     if args.restart_probe:
         _restart_probe(args.restart_probe)
         return 0
@@ -206,9 +218,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\none restructure in-process: {in_process_ms:.1f} ms (median of "
           f"{len(raw['restructure_ms'])}); one restart: {restart_ms:.0f} ms (median of "
           f"{len(restart_s)}); restart / in-process = {result['restart_over_in_process']:.0f}x")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2))
-    print(f"\nwrote {args.out}")
+    out = output_path(args)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    print(f"\nwrote {out}")
     return 0
 
 

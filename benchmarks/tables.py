@@ -15,8 +15,9 @@ markers is left alone.
     python benchmarks/tables.py --check    # change nothing; exit 1 if a table is out of date
     python benchmarks/tables.py --print quality   # print one table
 
-Run it after a benchmark has written new results (``benchmarks/overhead.py``,
-``memory.py``, ``quality.py``, ``ddp.py``, ...). The test suite runs ``--check``.
+Run it after a benchmark has written new stored results (``benchmarks/overhead.py``,
+``memory.py``, ``quality.py``, ``ddp.py``, ... with ``--update-stored``; without it they write
+to the git-ignored ``benchmarks/results/local/``). The test suite runs ``--check``.
 """
 
 from __future__ import annotations

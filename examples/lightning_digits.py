@@ -68,7 +68,9 @@ def main() -> None:
     ap.add_argument("--max-epochs", type=int, default=150)
     ap.add_argument("--patience", type=int, default=8)
     ap.add_argument("--max-dendrites", type=int, default=3)
-    ap.add_argument("--out", default="lightning_runs")
+    ap.add_argument("--out", default="perfora_runs/lightning_digits",
+                    help="Lightning's root folder (default perfora_runs/lightning_digits, "
+                         "git-ignored)")
     args = ap.parse_args()
     pl.seed_everything(0, workers=True)
 
