@@ -152,10 +152,7 @@ class PAITracker:
             raise ConfigError("set_optimizer_instance(additional_optimizers=...) is not "
                               "supported: perfora steps one optimizer's scheduler; keep the "
                               "others in your script and rebuild them when restructured")
-        ctl = self._ctl("set_optimizer_instance")
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # PerforatedAI's quick-start path; documented
-            ctl.set_optimizer_instance(optimizer)
+        self._ctl("set_optimizer_instance").set_optimizer_instance(optimizer)
         optimizer.zero_grad()
 
     # ------------------------------------------------------------------ scores
