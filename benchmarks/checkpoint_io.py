@@ -31,6 +31,7 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
+import output_paths
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -39,7 +40,7 @@ from torch import nn
 import perfora
 
 WORLD = 2
-DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "checkpoint_io.json"
+OUTPUT = "checkpoint_io.json"
 IN, OUT, DEPTH = 64, 10, 3
 
 
@@ -135,14 +136,28 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--widths", type=int, nargs="+", default=[128, 512, 1024, 2048])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="two small sizes, one round")
     parser.add_argument("--no-fsync", action="store_true", help="PERFORA_FSYNC=0")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--out", type=Path, default=None, help=output_paths.default_help(OUTPUT))
+    output_paths.add_update_stored(parser)
+    return parser
+
+
+def output_path(args: argparse.Namespace) -> Path:
+    """Where the JSON goes: --out, else results/local/ (results/ with --update-stored)."""
+    return args.out or output_paths.results_dir(args.update_stored) / OUTPUT
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
     args = parser.parse_args(argv)
+    if args.quick and args.update_stored:
+        parser.error("--quick is a smoke run: its results are not stored")
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
     widths, repeats = ([64, 256], 1) if args.quick else (args.widths, args.repeats)
@@ -162,10 +177,10 @@ def main(argv: list[str] | None = None) -> None:
            "fsync": not args.no_fsync, "torch": torch.__version__,
            "perfora": perfora.__version__, "machine": platform.machine(),
            "cpus": os.cpu_count(), "rows": rows}
-    if not args.quick or args.out != DEFAULT_OUT:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(out, indent=1) + "\n")
-        print(f"wrote {args.out}")
+    path = output_path(args)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=1) + "\n")
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

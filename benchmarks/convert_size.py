@@ -33,9 +33,11 @@ import tempfile
 import time
 from pathlib import Path
 
+import output_paths
+
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT / "tests" / "scripts" / "convert_corpus"
-DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "convert_size.json"
+OUTPUT = "convert_size.json"
 SHAPES = ("functions", "repeated", "flat")
 HELPERS = '''
 
@@ -121,8 +123,8 @@ def startup(src: Path) -> float:
     return time.perf_counter() - start
 
 
-def main() -> None:
-    """Generate, convert, print the table and write the JSON."""
+def build_parser() -> argparse.ArgumentParser:
+    """The command line."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+",
                         default=[125_000, 250_000, 500_000, 1_000_000])
@@ -130,8 +132,19 @@ def main() -> None:
     parser.add_argument("--src", type=Path, default=ROOT,
                         help="the perfora checkout to run (default: this one)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per file")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    args = parser.parse_args()
+    parser.add_argument("--out", type=Path, default=None, help=output_paths.default_help(OUTPUT))
+    output_paths.add_update_stored(parser)
+    return parser
+
+
+def output_path(args: argparse.Namespace) -> Path:
+    """Where the JSON goes: --out, else results/local/ (results/ with --update-stored)."""
+    return args.out or output_paths.results_dir(args.update_stored) / OUTPUT
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Generate, convert, print the table and write the JSON."""
+    args = build_parser().parse_args(argv)
     base = startup(args.src)
     rows = []
     print(f"startup (python + imports): {base:.2f} s")
@@ -155,14 +168,15 @@ def main() -> None:
                       f"{res['peak_mb']:>8.0f} {per_mb or float('nan'):>6.1f} "
                       f"{ratio or float('nan'):>6.2f} {res['exit']}", flush=True)
                 prev = work
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({
+    out = output_path(args)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({
         "command": "perfora convert --max-size 0 FILE (diff to /dev/null), fresh process each",
         "src": str(args.src), "startup_seconds": round(base, 2),
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
                     "platform": platform.platform()},
         "rows": rows}, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

@@ -6,8 +6,8 @@ the same per-rank data for every variant:
 - ``plain``: the unconverted model under DDP.
 - ``perfora K=0/1/2``: the perforated model with K dendrite sets, wrapped the way perfora
   re-wraps it (``find_unused_parameters=False``).
-- ``seed way K=1/2``: the same perforated models under ``find_unused_parameters=True``, as
-  the seed's DDP workflow requires.
+- ``find_unused K=1/2``: the same perforated models under ``find_unused_parameters=True``,
+  as the PerforatedAI multi-GPU recipe requires.
 
 Variants are timed interleaved (every round runs each variant for a few steps, in rotated
 order); a variant's time is the median over rounds of its per-step time, and its ratio the
@@ -37,6 +37,7 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
+import output_paths
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -47,12 +48,12 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import perfora
 
 WORLD = 2
-DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "ddp.json"
+OUTPUT = "ddp.json"
 WIDTH, DEPTH, BATCH, IN, OUT = 256, 3, 32, 64, 10
 
 
 def make_mlp(seed: int = 0) -> nn.Module:
-    """MLP 64-256x3-10 (the size used in the research notes)."""
+    """MLP 64-256x3-10."""
     torch.manual_seed(seed)
     layers: list[nn.Module] = []
     width = IN
@@ -92,7 +93,7 @@ def _worker(rank: int, tmp: str, rounds: int, steps: int, out: str) -> None:
     for k in (0, 1, 2):
         variants[f"perfora K={k}"] = perfora.wrap_ddp(perforated(k))
     for k in (1, 2):
-        variants[f"seed way K={k}"] = DDP(perforated(k), find_unused_parameters=True)
+        variants[f"find_unused K={k}"] = DDP(perforated(k), find_unused_parameters=True)
     opts = {name: torch.optim.SGD(m.parameters(), lr=0.01) for name, m in variants.items()}
     names = list(variants)
     for name in names:  # warm-up (first iterations build DDP's buckets)
@@ -150,15 +151,26 @@ def _restart_seconds(path: Path) -> float:
     return time.perf_counter() - start
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a few rounds only (smoke run)")
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--steps", type=int, default=20, help="steps per variant per round")
     parser.add_argument("--restarts", type=int, default=3, help="restarts to time")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--out", type=Path, default=None, help=output_paths.default_help(OUTPUT))
+    output_paths.add_update_stored(parser)
     parser.add_argument("--restart-probe", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def output_path(args: argparse.Namespace) -> Path:
+    """Where the JSON goes: --out, else results/local/ (results/ with --update-stored)."""
+    return args.out or output_paths.results_dir(args.update_stored) / OUTPUT
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     if args.restart_probe:
         _restart_probe(args.restart_probe)
         return 0
@@ -181,9 +193,9 @@ def main(argv: list[str] | None = None) -> int:
                      "ratio_to_plain": statistics.median(ratios)})
     by = {r["variant"]: r for r in rows}
     for k in (1, 2):
-        seed, ours = times[f"seed way K={k}"], times[f"perfora K={k}"]
-        by[f"seed way K={k}"]["ratio_to_perfora"] = statistics.median(
-            [s / o for s, o in zip(seed, ours)])
+        unused, ours = times[f"find_unused K={k}"], times[f"perfora K={k}"]
+        by[f"find_unused K={k}"]["ratio_to_perfora"] = statistics.median(
+            [s / o for s, o in zip(unused, ours)])
     in_process_ms = statistics.median(raw["restructure_ms"])
     restart_ms = 1000 * statistics.median(restart_s)
     result = {
@@ -197,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         "seconds": time.perf_counter() - started,
     }
     print(f"{result['model']}, {WORLD} CPU ranks (gloo), {rounds} rounds x {steps} steps\n")
-    print("| variant | ms/step | vs plain DDP | seed way vs perfora |")
+    print("| variant | ms/step | vs plain DDP | find_unused vs perfora |")
     print("|---|---|---|---|")
     for r in rows:
         extra = f"{r['ratio_to_perfora']:.2f}x" if "ratio_to_perfora" in r else ""
@@ -206,9 +218,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\none restructure in-process: {in_process_ms:.1f} ms (median of "
           f"{len(raw['restructure_ms'])}); one restart: {restart_ms:.0f} ms (median of "
           f"{len(restart_s)}); restart / in-process = {result['restart_over_in_process']:.0f}x")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2))
-    print(f"\nwrote {args.out}")
+    out = output_path(args)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    print(f"\nwrote {out}")
     return 0
 
 

@@ -3,14 +3,17 @@
 A small MLP (64-32-10) trains on scikit-learn's ``load_digits`` for N epochs (default 200)
 with a run folder, default settings (``checkpoint_time_budget`` 5%) and no growth (the
 plateau patience is longer than the run), so every epoch is a plain one. Per epoch it times
-only the perfora calls -- native: ``controller.step(score)``; compat: the seed's tracker
-calls ``add_extra_score``, ``add_test_score`` and ``add_validation_score`` -- with the
+only the perfora calls -- native: ``controller.step(score)``; compat: PerforatedAI's
+tracker calls ``add_extra_score``, ``add_test_score`` and ``add_validation_score`` -- with the
 training epoch (train + validation) beside it. Reported: median and p90 cost per epoch (ms),
 the median over epochs that wrote no checkpoint, the cost as a fraction of the epoch, how
 many epochs wrote ``latest``, and the checkpoint JSON size at epoch 10 and at the last epoch
 (it must not grow with the epochs).
 
-    python benchmarks/epoch_cost.py [--epochs 200] [--json benchmarks/results/epoch_cost.json]
+    python benchmarks/epoch_cost.py [--epochs 200] [--json PATH] [--update-stored]
+
+Writes benchmarks/results/local/epoch_cost.json (git-ignored); ``--update-stored`` writes the
+stored benchmarks/results/epoch_cost.json.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import output_paths
 import torch
 from torch import nn
 
@@ -33,7 +37,6 @@ import perfora
 from perfora.compat import globals_perforatedai as GPA
 from perfora.compat import utils_perforatedai as UPA
 
-HERE = Path(__file__).resolve().parent
 BATCH = 64
 PATIENCE = 10**6  # no growth: every epoch is a plain one
 
@@ -123,7 +126,7 @@ def run_native(data: tuple[torch.Tensor, ...], epochs: int, folder: Path) -> dic
 
 
 def run_compat(data: tuple[torch.Tensor, ...], epochs: int, folder: Path) -> dict:
-    """The seed's three tracker calls per epoch."""
+    """PerforatedAI's three tracker calls per epoch."""
     GPA.reset()
     GPA.pc.set_testing_dendrite_capacity(False)
     GPA.pc.set_n_epochs_to_switch(PATIENCE)
@@ -174,12 +177,27 @@ def table(results: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+OUTPUT = "epoch_cost.json"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=200)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--json", type=Path, default=HERE / "results" / "epoch_cost.json")
-    args = parser.parse_args(argv)
+    parser.add_argument("--json", type=Path, default=None,
+                        help=output_paths.default_help(OUTPUT))
+    output_paths.add_update_stored(parser)
+    return parser
+
+
+def output_path(args: argparse.Namespace) -> Path:
+    """Where the JSON goes: --json, else results/local/ (results/ with --update-stored)."""
+    return args.json or output_paths.results_dir(args.update_stored) / OUTPUT
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     torch.set_num_threads(args.threads)
     data = digits()
     results = {}
@@ -197,8 +215,10 @@ def main(argv: list[str] | None = None) -> int:
                       "source": "issue 16, PerforatedAI's three tracker calls on a digits "
                                 "epoch; not measured here"},
            "results": results}
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(out, indent=2) + "\n")
+    path = output_path(args)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=2) + "\n")
+    print(f"wrote {path}")
     return 0
 
 

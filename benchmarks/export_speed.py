@@ -21,13 +21,14 @@ import statistics
 import time
 from pathlib import Path
 
+import output_paths
 import torch
 from torch import nn
 
 import perfora
 
 KS = (0, 1, 2, 3)
-DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "export_speed.json"
+OUTPUT = "export_speed.json"
 
 
 def make_mlp() -> nn.Module:
@@ -77,13 +78,24 @@ def time_round(variants: dict[str, nn.Module], x: torch.Tensor, rotation: int,
     return out
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--quick", action="store_true", help="3 rounds of 5 repeats")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    args = parser.parse_args()
+    parser.add_argument("--out", type=Path, default=None, help=output_paths.default_help(OUTPUT))
+    output_paths.add_update_stored(parser)
+    return parser
+
+
+def output_path(args: argparse.Namespace) -> Path:
+    """Where the JSON goes: --out, else results/local/ (results/ with --update-stored)."""
+    return args.out or output_paths.results_dir(args.update_stored) / OUTPUT
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
     rounds, repeats = (3, 5) if args.quick else (args.rounds, args.repeats)
     torch.set_num_threads(1)
     rows = []
@@ -108,11 +120,12 @@ def main() -> None:
     for row in rows:
         print(f"{row['case']:<24} {row['K']:>2} {row['ideal']:>6.2f} {row['live']:>7.2f} "
               f"{row['export']:>7.2f} {row['export_over_ideal']:>13.2f}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({
+    out = output_path(args)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({
         "torch": torch.__version__, "machine": platform.machine(), "threads": 1,
         "rounds": rounds, "repeats": repeats, "rows": rows}, indent=2))
-    print(f"wrote {args.out}")
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

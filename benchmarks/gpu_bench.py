@@ -22,7 +22,8 @@ at most 1.05x for every K; memory within 1.1x of the formula.
     python benchmarks/gpu_bench.py --device cpu --quick --groups 1 --parts overhead
         # a dry run of the script itself, on a machine without a GPU
 
-Writes ``results/gpu_bench_<device name>.json`` (``--out`` to change it).
+Writes ``results/local/gpu_bench_<device name>.json`` (git-ignored; ``--out`` to change it,
+``--update-stored`` for the stored ``results/gpu_bench_<device name>.json``).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # the sibling benchmark scripts, run as modules
 
 import memory  # noqa: E402
+import output_paths  # noqa: E402
 import overhead  # noqa: E402
 
 PARTS = ("overhead", "memory", "ddp", "compiled")
@@ -236,7 +238,8 @@ def print_summary(result: dict) -> None:
             print(f"{part}: skipped: {result[part]['skipped']}")
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                     help="cuda (default); cpu only for a dry run of the script")
@@ -247,7 +250,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--groups", type=int, default=None,
                     help="only the first N (model, batch) groups of the overhead table")
     ap.add_argument("--quick", action="store_true", help="few rounds (smoke run)")
-    ap.add_argument("--out", type=Path, default=None, help="JSON output path")
+    ap.add_argument("--out", type=Path, default=None,
+                    help=output_paths.default_help("gpu_bench_<device>.json"))
+    output_paths.add_update_stored(ap)
+    return ap
+
+
+def output_path(args: argparse.Namespace) -> Path:
+    """Where the JSON goes: --out, else results/local/ (results/ with --update-stored)."""
+    name = f"gpu_bench_{_slug(_device_name(args.device))}.json"
+    return args.out or output_paths.results_dir(args.update_stored) / name
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
     args = ap.parse_args(argv)
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     unknown = sorted(set(parts) - set(PARTS))
@@ -264,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
 
     deadline = Deadline(args.budget_s)
     name = _device_name(args.device)
-    out = args.out or HERE / "results" / f"gpu_bench_{_slug(name)}.json"
+    out = output_path(args)
     groups = overhead.GROUPS[:args.groups] if args.groups else overhead.GROUPS
     print(f"perfora gpu_bench: {name}, torch {torch.__version__}, parts {','.join(parts)}, "
           f"budget {args.budget_s:.0f} s", flush=True)

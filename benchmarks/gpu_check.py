@@ -1,7 +1,8 @@
 """GPU check: growth on CUDA, DDP/FSDP2 restructures over NCCL, Lightning strategies on a GPU.
 
-Run on a machine with one CUDA device: ``python benchmarks/gpu_check.py --out DIR``. Prints a
-table of checks and writes ``gpu_check.json``. Not part of the test suite (CI has no GPU).
+Run on a machine with one CUDA device: ``python benchmarks/gpu_check.py [--out DIR]``. Prints a
+table of checks and writes ``gpu_check.json`` (in ``results/local/gpu_check/``, git-ignored,
+without ``--out``). Not part of the test suite (CI has no GPU).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+import output_paths
 import torch
 from torch import nn
 
@@ -394,11 +396,26 @@ def error_growth() -> dict:
     return res
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line."""
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--out", type=Path, default=Path("gpu_check_out"))
+    ap.add_argument("--out", type=Path, default=None,
+                    help="folder for gpu_check.json and the runs' files (default "
+                         "benchmarks/results/local/gpu_check, git-ignored)")
     ap.add_argument("--only", nargs="*", default=None, help="run only these checks")
-    args = ap.parse_args()
+    return ap
+
+
+def output_path(args: argparse.Namespace) -> Path:
+    """The output folder: --out, else benchmarks/results/local/gpu_check. The stored
+    results/gpu_check_h200.json is put together by hand from several runs (its note says
+    which part comes from which), so there is no --update-stored."""
+    return args.out or output_paths.LOCAL / "gpu_check"
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    args.out = output_path(args)
     args.out.mkdir(parents=True, exist_ok=True)
     if not torch.cuda.is_available():
         raise SystemExit("gpu_check needs a CUDA device")

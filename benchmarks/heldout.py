@@ -7,7 +7,10 @@ gives the parameter count closest to the grown model's, trained the same way (sa
 optimizer, patience; ``max_dendrites=0``). Data sets: scikit-learn's iris and generated
 moons, circles, Gaussian quantiles and a 4-class ``make_classification``; seeds 0..N-1.
 
-    python benchmarks/heldout.py [--seeds 3] [--json benchmarks/results/heldout.json]
+    python benchmarks/heldout.py [--seeds 3] [--json PATH] [--update-stored]
+
+Writes benchmarks/results/local/heldout.json (git-ignored); ``--update-stored`` writes the
+stored benchmarks/results/heldout.json.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import output_paths
 import torch
 from torch import nn
 
@@ -101,12 +105,26 @@ def width_for(params: int, inputs: int, classes: int) -> int:
     return max(1, round((params - classes) / (inputs + 1 + classes)))
 
 
-def main(argv: list[str] | None = None) -> int:
+OUTPUT = "heldout.json"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--json", type=Path,
-                        default=Path(__file__).parent / "results" / "heldout.json")
-    args = parser.parse_args(argv)
+    parser.add_argument("--json", type=Path, default=None,
+                        help=output_paths.default_help(OUTPUT))
+    output_paths.add_update_stored(parser)
+    return parser
+
+
+def output_path(args: argparse.Namespace) -> Path:
+    """Where the JSON goes: --json, else results/local/ (results/ with --update-stored)."""
+    return args.json or output_paths.results_dir(args.update_stored) / OUTPUT
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     torch.set_num_threads(1)
     start = time.perf_counter()
     rows = []
@@ -144,8 +162,9 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(lines))
     print(f"\ngrown at least as good as plain of the same size on {at_least} of "
           f"{len(summary)} data sets; {args.seeds} seed(s); {total:.0f} s")
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"hidden": HIDDEN, "patience": PATIENCE,
+    path = output_path(args)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"hidden": HIDDEN, "patience": PATIENCE,
                                      "seeds": args.seeds, "summary": summary, "runs": rows,
                                      "total_seconds": total, "torch": torch.__version__},
                                     indent=1))

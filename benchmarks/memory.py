@@ -51,10 +51,10 @@ import sys
 import time
 from pathlib import Path
 
+import output_paths
 from rss import MALLOC_ENV, peak_rss_bytes, reset_peak_rss, rss_bytes
 
-HERE = Path(__file__).resolve().parent
-DEFAULT_OUT = HERE / "results" / "memory.json"
+OUTPUT = "memory.json"  # memory_cuda.json with --device cuda
 TARGET_K0 = 1.02
 TARGET_REQUIRED = 1.10
 STEPS = 3
@@ -185,21 +185,34 @@ def required_extra(r: dict, slots: int = 1) -> int:
                 + r["K"] * r["wrapped_output_numel"])
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--repeats", type=int, default=3,
                     help="fresh processes per configuration (median taken)")
-    ap.add_argument("--out", type=Path, default=None, help="JSON output path")
+    ap.add_argument("--out", type=Path, default=None, help=output_paths.default_help(
+        OUTPUT + ", memory_cuda.json for --device cuda"))
+    output_paths.add_update_stored(ap)
+    return ap
+
+
+def output_path(args: argparse.Namespace) -> Path:
+    """Where the JSON goes: --out, else results/local/ (results/ with --update-stored)."""
+    name = OUTPUT if args.device == "cpu" else "memory_cuda.json"
+    return args.out or output_paths.results_dir(args.update_stored) / name
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
     args = ap.parse_args(argv)
     if args.repeats < 1:
         ap.error(f"--repeats must be at least 1, got {args.repeats}")
     if args.child:
         print(json.dumps(child(json.loads(args.child))))
         return 0
-    out = args.out or (DEFAULT_OUT if args.device == "cpu"
-                       else DEFAULT_OUT.with_name("memory_cuda.json"))
+    out = output_path(args)
     print(f"perfora memory: {args.device}, {platform.machine()}, {args.repeats} fresh "
           f"process(es) per configuration; load average "
           f"{' '.join(f'{v:.2f}' for v in os.getloadavg())}", flush=True)

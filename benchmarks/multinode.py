@@ -30,8 +30,10 @@ import tempfile
 import time
 from pathlib import Path
 
+import output_paths
+
 HERE = Path(__file__).resolve().parent
-DEFAULT_OUT = HERE / "results" / "multinode.json"
+OUTPUT = "multinode.json"
 PER_NODE = (1, 2)
 INITS = ("error", "default")
 TIMEOUT_S = 240
@@ -143,14 +145,26 @@ def measure(nodes, per_node: int, restarts: int, port: int) -> dict:
     return row
 
 
+def build_parser() -> argparse.ArgumentParser:
+    """The command line."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--restarts", type=int, default=3, help="restarts to time per size")
+    ap.add_argument("--json", type=Path, default=None, help=output_paths.default_help(OUTPUT))
+    output_paths.add_update_stored(ap)
+    ap.add_argument("--rank-job", nargs="+", help=argparse.SUPPRESS)
+    ap.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+    return ap
+
+
+def output_path(args: argparse.Namespace) -> Path:
+    """Where the JSON goes: --json, else results/local/ (results/ with --update-stored)."""
+    return args.json or output_paths.results_dir(args.update_stored) / OUTPUT
+
+
 def main(argv: list[str] | None = None) -> int:
     from netns import NamespacesUnavailable, two_nodes
 
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--restarts", type=int, default=3, help="restarts to time per size")
-    ap.add_argument("--json", type=Path, default=DEFAULT_OUT)
-    ap.add_argument("--rank-job", nargs="+", help=argparse.SUPPRESS)
-    ap.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+    ap = build_parser()
     args = ap.parse_args(argv)
     if args.rank_job:
         if args.rank_job[0] == "inprocess":
@@ -176,13 +190,14 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['restart_over_error']:>9.1f}x / {r['restart_over_default']:>6.0f}x")
     import torch
 
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"benchmark": "multinode", "nodes": 2, "rows": rows,
+    path = output_path(args)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"benchmark": "multinode", "nodes": 2, "rows": rows,
                                      "torch": torch.__version__,
                                      "machine": platform.machine(),
                                      "cpus": os.cpu_count(),
                                      "load_avg_after": os.getloadavg()}, indent=1))
-    print(f"wrote {args.json}")
+    print(f"wrote {path}")
     return 0
 
 

@@ -50,6 +50,7 @@ import sys
 import time
 from pathlib import Path
 
+import output_paths
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -63,7 +64,7 @@ KS = (0, 1, 2, 3)
 TARGET_K0 = 1.03
 TARGET_IDEAL = 1.10
 TARGET_COMPILED = 1.05  # compiled on both sides: every K, K = 0 included, over the ideal
-DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "overhead.json"
+OUTPUT = "overhead.json"  # overhead_{compiled,unfused,floor}.json for those variants
 
 
 # ---------------------------------------------------------------------- models
@@ -305,12 +306,14 @@ def print_table(rows: list[dict]) -> None:
               f"{r['measured_over_ideal']:>11.3f} {tgt:>10} {mark:>4}{floor}")
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="few repeats (smoke run)")
     ap.add_argument("--threads", type=int, default=None,
                     help="torch.set_num_threads (default: torch's default)")
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON output path")
+    ap.add_argument("--out", type=Path, default=None, help=output_paths.default_help(OUTPUT))
+    output_paths.add_update_stored(ap)
     ap.add_argument("--repeats", type=int, default=None,
                     help="rounds per group (default: as many as fit a time budget)")
     ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
@@ -319,27 +322,34 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--compile", action="store_true",
                     help="torch.compile both the plain and the perforated models "
-                         "(default output: results/overhead_compiled.json)")
+                         "(default output: overhead_compiled.json)")
     ap.add_argument("--unfused", action="store_true",
                     help="time the plain autograd mix instead of perfora.nn.kernels.FusedMix "
                          "(the code before the fused node; default output: "
-                         "results/overhead_unfused.json)")
+                         "overhead_unfused.json)")
     ap.add_argument("--floor", action="store_true",
                     help="also time, for each K, the plain model with every Linear/Conv "
                          "replaced by K+1 summed copies: the same GEMMs without the dendrite "
-                         "mix (default output: results/overhead_floor.json)")
+                         "mix (default output: overhead_floor.json)")
+    return ap
+
+
+def output_path(args: argparse.Namespace) -> Path:
+    """Where the JSON goes: --out, else results/local/ (results/ with --update-stored), named
+    after the variant."""
+    name = ("overhead_floor.json" if args.floor else "overhead_compiled.json" if args.compile
+            else "overhead_unfused.json" if args.unfused else OUTPUT)
+    return args.out or output_paths.results_dir(args.update_stored) / name
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
     args = ap.parse_args(argv)
     if args.floor and (args.compile or args.unfused):
         ap.error("--floor compares the eager fused model with the same-GEMM model; run it "
                  "without --compile and --unfused")
-    if args.floor and args.out == DEFAULT_OUT:
-        args.out = DEFAULT_OUT.with_name("overhead_floor.json")
-    if args.compile and args.out == DEFAULT_OUT:
-        args.out = DEFAULT_OUT.with_name("overhead_compiled.json")
     if args.unfused:
         RowBankLayer._fused_spec = lambda self, x, y: None
-        if args.out == DEFAULT_OUT:
-            args.out = DEFAULT_OUT.with_name("overhead_unfused.json")
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -394,9 +404,10 @@ def main(argv: list[str] | None = None) -> int:
         "all_met": all(r["meets_target"] for r in rows),
         "rows": rows,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    out = output_path(args)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {out}")
     return 0
 
 

@@ -30,15 +30,19 @@ Tasks (start width; batch):
 Caps: ``--quick`` 3 seeds, patience 8, max_dendrites 2, epoch cap 150; full 5 seeds,
 patience 10, max_dendrites 4, epoch cap 2000 (spirals: patience and cap x5 in both).
 
-    python benchmarks/quality.py --quick                 # ~2.5 min with --jobs 2 (2 cores)
-    python benchmarks/quality.py                         # full run, ~5 min
+    python benchmarks/quality.py --quick                 # ~3.5 min with --jobs 2 (2 cores)
+    python benchmarks/quality.py                         # full run, ~12 min
     python benchmarks/quality.py --datasets wine digits --arms gd --seeds 2
     python benchmarks/quality.py --arms custom --set rule=correlation --set activation=tanh
     python benchmarks/quality.py --quick --no-curve --out-dir /tmp/q   # arms only
 
-Outputs: markdown tables on stdout, progress on stderr, JSON (``results/quality.json`` or
-``results/quality_quick.json``; ``--json`` overrides) and ``results/pareto_<task>.png``
-(``pareto_<task>_quick.png`` for ``--quick``; ``--out-dir`` redirects both).
+Outputs: markdown tables on stdout, progress on stderr, JSON (``quality.json`` or
+``quality_quick.json``; ``--json`` overrides) and ``pareto_<task>.png``
+(``pareto_<task>_quick.png`` for ``--quick``) in ``results/local/`` (git-ignored), or in the
+stored ``results/`` with ``--update-stored``; ``--out-dir`` redirects both.
+
+``--quick`` is a smoke run of the script, not a smaller benchmark: with 3 seeds, at most 2
+sets and 150 epochs its numbers differ from the full run's (see benchmarks/README.md).
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import output_paths
 import torch
 from torch import nn
 
@@ -104,7 +109,6 @@ WIDTH_MULTIPLIERS: tuple[float, ...] = (1, 1.5, 2, 3, 4, 6)
 CURVE: tuple[tuple[str, Any], ...] = (("max_dendrites", 0),)
 """Overrides of the width curve's runs: no dendrites, i.e. plain early stopping."""
 
-RESULTS = Path(__file__).parent / "results"
 
 
 # --------------------------------------------------------------------------- tasks
@@ -567,8 +571,8 @@ def _parse_value(text: str) -> Any:
         return text
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the benchmark; print the tables, write the JSON and the plots."""
+def build_parser() -> argparse.ArgumentParser:
+    """The command line."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="3 seeds, short caps")
     parser.add_argument("--seeds", type=int, default=None, help="number of seeds (default 5)")
@@ -580,15 +584,41 @@ def main(argv: list[str] | None = None) -> int:
                         help="define arm 'custom' (PerforaConfig overrides, JSON values)")
     parser.add_argument("--no-curve", action="store_true", help="skip the width curve")
     parser.add_argument("--jobs", type=int, default=2, help="parallel runs (default 2)")
-    parser.add_argument("--out-dir", type=Path, default=RESULTS, help="for JSON and PNGs")
-    parser.add_argument("--json", type=Path, default=None, help="where to write results")
+    parser.add_argument("--out-dir", type=Path, default=None,
+                        help="for JSON and PNGs (default benchmarks/results/local/; with "
+                             "--update-stored benchmarks/results/)")
+    parser.add_argument("--json", type=Path, default=None,
+                        help="where to write results (default OUT_DIR/quality.json, "
+                             "quality_quick.json for --quick)")
+    output_paths.add_update_stored(parser)
     parser.add_argument("--summarize", type=Path, default=None, metavar="JSON",
-                        help="no runs: redo the tables, plots and summary of a saved JSON")
+                        help="no runs: redo the tables, plots and summary of a saved JSON "
+                             "(written to OUT_DIR under the same name)")
+    return parser
+
+
+def out_dir(args: argparse.Namespace) -> Path:
+    """The folder of the plots (and of the JSON without --json)."""
+    return args.out_dir or output_paths.results_dir(args.update_stored)
+
+
+def output_path(args: argparse.Namespace) -> Path:
+    """Where the JSON goes: --json, else in :func:`out_dir`."""
+    if args.json:
+        return args.json
+    if args.summarize is not None:
+        return out_dir(args) / args.summarize.name
+    return out_dir(args) / ("quality_quick.json" if args.quick else "quality.json")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark; print the tables, write the JSON and the plots."""
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.summarize is not None:
         saved = json.loads(args.summarize.read_text())
-        report(saved["runs"], saved["setup"], saved["total_seconds"], args.out_dir,
-               args.json or args.summarize)
+        report(saved["runs"], saved["setup"], saved["total_seconds"], out_dir(args),
+               output_path(args))
         return 0
 
     arms = dict(ARMS)
@@ -633,8 +663,7 @@ def main(argv: list[str] | None = None) -> int:
                   "width_multipliers": list(WIDTH_MULTIPLIERS),
                   "arms": {name: arms[name] for name in selected}, "curve": not args.no_curve,
                   "jobs": args.jobs, "torch": torch.__version__, "runs": len(jobs)}
-    out = args.json or args.out_dir / ("quality_quick.json" if args.quick else "quality.json")
-    report(rows, setup_info, total, args.out_dir, out)
+    report(rows, setup_info, total, out_dir(args), output_path(args))
     return 0
 
 
@@ -660,6 +689,7 @@ def report(rows: list[dict[str, Any]], setup: dict[str, Any], total: float, out_
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"setup": setup, "total_seconds": total, "summary": overview,
                                "tasks": summaries, "runs": rows}, indent=1))
+    print(f"\nwrote {out} and the plots in {out_dir}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import output_paths
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -36,8 +37,7 @@ import torch.nn.functional as F
 from rss import MALLOC_ENV, peak_rss_bytes, reset_peak_rss, rss_bytes
 from torch import nn
 
-HERE = Path(__file__).resolve().parent
-DEFAULT_OUT = HERE / "results" / "restructure_memory.json"
+OUTPUT = "restructure_memory.json"
 TARGET = 1.2
 MODES = ("shard-local", "gather")
 OPERATIONS = ("snapshot", "grow", "rewind")
@@ -169,12 +169,24 @@ def ratios(result: dict) -> dict[str, float]:
     return {op: peaks[op] / steady for op in OPERATIONS}
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--width", type=int, default=2048)
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--ranks", type=int, default=2)
-    ap.add_argument("--json", type=Path, default=DEFAULT_OUT)
+    ap.add_argument("--json", type=Path, default=None, help=output_paths.default_help(OUTPUT))
+    output_paths.add_update_stored(ap)
+    return ap
+
+
+def output_path(args: argparse.Namespace) -> Path:
+    """Where the JSON goes: --json, else results/local/ (results/ with --update-stored)."""
+    return args.json or output_paths.results_dir(args.update_stored) / OUTPUT
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
     args = ap.parse_args(argv)
     if args.width < 1 or args.layers < 1 or args.ranks < 1:
         ap.error("--width, --layers and --ranks must be positive")
@@ -195,12 +207,13 @@ def main(argv: list[str] | None = None) -> int:
                   "  ".join(f"{op} {r[op]:.2f}" for op in OPERATIONS))
     same = len({row["grown"] for row in rows}) == 1
     print(f"grown model identical in both modes and on every rank: {same}")
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({
+    path = output_path(args)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({
         "benchmark": "restructure_memory", "width": args.width, "layers": args.layers,
         "ranks": args.ranks, "target": TARGET, "torch": torch.__version__,
         "machine": platform.machine(), "rows": rows, "identical": same}, indent=1))
-    print(f"wrote {args.json}")
+    print(f"wrote {path}")
     return 0
 
 

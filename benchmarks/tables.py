@@ -15,8 +15,9 @@ markers is left alone.
     python benchmarks/tables.py --check    # change nothing; exit 1 if a table is out of date
     python benchmarks/tables.py --print quality   # print one table
 
-Run it after a benchmark has written new results (``benchmarks/overhead.py``,
-``memory.py``, ``quality.py``, ``ddp.py``, ...). The test suite runs ``--check``.
+Run it after a benchmark has written new stored results (``benchmarks/overhead.py``,
+``memory.py``, ``quality.py``, ``ddp.py``, ... with ``--update-stored``; without it they write
+to the git-ignored ``benchmarks/results/local/``). The test suite runs ``--check``.
 """
 
 from __future__ import annotations
@@ -161,8 +162,9 @@ def _ddp_variant(name: str) -> str:
         return _DDP_NAMES[name]
     if name.startswith("perfora "):
         return "perfora, " + name.removeprefix("perfora ")
-    if name.startswith("seed way "):
-        return "seed's way (`find_unused_parameters=True`), " + name.removeprefix("seed way ")
+    if name.startswith("find_unused "):
+        return ("PerforatedAI's recipe (`find_unused_parameters=True`), "
+                + name.removeprefix("find_unused "))
     return name
 
 

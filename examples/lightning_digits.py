@@ -5,12 +5,16 @@
     python examples/lightning_digits.py --devices 1 --strategy auto
 
 The only perfora lines are the import, the callback in ``Trainer(callbacks=[...])`` and,
-for ``ddp_spawn``, ``growth.prepare(model)`` before ``fit``.
+for ``ddp_spawn``, ``growth.prepare(model)`` before ``fit``. Under ``ddp_spawn`` the spawned
+processes train; this process gets the grown model back, and reads the scores from the run
+files that rank 0 wrote (``OUT/perfora/best_arch_scores.csv``).
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
+from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
@@ -19,6 +23,7 @@ from sklearn.datasets import load_digits
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from perfora import dendritic_layers
 from perfora.integrations.lightning import DendriteGrowth
 
 
@@ -61,6 +66,18 @@ def digits_loaders(batch_size: int = 64) -> tuple[DataLoader, DataLoader]:
             DataLoader(TensorDataset(x[val], y[val]), batch_size=256))
 
 
+def spawned_result(model: nn.Module, run_dir: Path) -> tuple[int, int, float]:
+    """(epochs, dendrite sets, best val_acc) of a fit that ran in spawned processes: the
+    sets the model came back with, and the epochs and best score from the run files that
+    rank 0 wrote."""
+    sets = max((layer.num_dendrites for layer in dendritic_layers(model).values()), default=0)
+    with open(run_dir / "metrics.csv", newline="") as f:
+        epochs = max(int(row["epoch"]) for row in csv.DictReader(f))
+    with open(run_dir / "best_arch_scores.csv", newline="") as f:
+        best = max(float(row["best_val_score"]) for row in csv.DictReader(f))
+    return epochs, sets, best
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--strategy", default="ddp")
@@ -68,7 +85,9 @@ def main() -> None:
     ap.add_argument("--max-epochs", type=int, default=150)
     ap.add_argument("--patience", type=int, default=8)
     ap.add_argument("--max-dendrites", type=int, default=3)
-    ap.add_argument("--out", default="lightning_runs")
+    ap.add_argument("--out", default="perfora_runs/lightning_digits",
+                    help="Lightning's root folder (default perfora_runs/lightning_digits, "
+                         "git-ignored)")
     args = ap.parse_args()
     pl.seed_everything(0, workers=True)
 
@@ -86,12 +105,17 @@ def main() -> None:
     trainer.fit(model, train, val)
 
     if trainer.is_global_zero:
+        run_dir = Path(args.out) / "perfora"
         ctl = growth.controller
-        dendrites = ctl.num_dendrites if ctl else "see the launching process"
-        print(f"stopped after epoch {trainer.current_epoch}: dendrites={dendrites}, "
-              f"best val_acc={ctl.best_score if ctl else float('nan'):.4f}, "
+        if ctl is not None:  # this process trained (ddp: rank 0; one device)
+            epochs, dendrites, best, where = ctl.epoch, ctl.num_dendrites, ctl.best_score, ""
+        else:  # ddp_spawn: the spawned processes trained and are gone
+            epochs, dendrites, best = spawned_result(model, run_dir)
+            where = " (trained in the spawned processes; read back from their run files)"
+        print(f"stopped after {epochs} epochs: dendrites={dendrites}, "
+              f"best val_acc={best:.4f}, "
               f"parameters={sum(p.numel() for p in model.parameters())}, "
-              f"run files in {args.out}/perfora")
+              f"run files in {run_dir}{where}")
 
 
 if __name__ == "__main__":

@@ -58,7 +58,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 def convert_source(source: str, mode: str = "native", **options: Any) -> "CodemodResult":
-    """Apply the seed's edits to a training script's text; see perfora.codemod (needs libcst).
+    """Edit a training script's text for perfora (native mode) or for the PerforatedAI recipe
+    with perfora.compat (compat mode); see perfora.codemod (needs libcst).
 
     Returns a :class:`perfora.codemod.CodemodResult` (``output``, ``findings``, ``diff()``);
     imported lazily so that ``import perfora`` works without libcst.

@@ -1,9 +1,10 @@
 """`perfora launch`: run a training script under torchrun and restart it after each restructure.
 
-The seed's DDP workflow: the script saves a checkpoint and exits 0 after every restructure;
-it is started again with ``--pai_load_folder NAME`` and resumes from the newest checkpoint;
-the run is over when ``NAME/.training_complete`` exists. A failed attempt (non-zero exit,
-e.g. a rank killed mid-epoch) is restarted the same way, up to ``max_failures``.
+The PerforatedAI multi-GPU recipe's restart workflow: the script saves a checkpoint and exits 0
+after every restructure; it is started again with ``--pai_load_folder NAME`` and resumes from
+the newest checkpoint; the run is over when ``NAME/.training_complete`` exists. A failed
+attempt (non-zero exit, e.g. a rank killed mid-epoch) is restarted the same way, up to
+``max_failures``.
 
 Every attempt is a fresh ``python -m torch.distributed.run --standalone`` with
 ``--max-restarts 0``: a new rendezvous on a new free port each time. torchrun's own

@@ -1,4 +1,5 @@
-"""``perfora convert``: apply the seed's edits to a training script (a libcst codemod).
+"""``perfora convert``: edit a training script for perfora's API (native mode) or for the
+PerforatedAI recipe with perfora.compat (compat mode); a libcst codemod.
 
 ``syntax`` answers small questions about libcst nodes, ``finders`` each find one part of a
 script (with line numbers) and ``analysis`` composes them, ``native_edits`` and

@@ -64,7 +64,7 @@ def analyze(source: str, score: str | None = None) -> Script:
 def find_parts(tree: Tree, score: str | None = None) -> Script:
     """Run the finders in dependency order (``score``: the user's --score); the script.
 
-    A script that already calls perfora (or the seed's API) is only marked ``already``.
+    A script that already calls perfora (or PerforatedAI's API) is only marked ``already``.
     """
     already = already_converted(tree)
     if already:

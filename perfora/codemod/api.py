@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import gc
 from typing import Any
 
@@ -20,8 +21,23 @@ class ScriptError(PerforaError):
     """The script could not be read as Python."""
 
 
+def python_syntax_error(source: str) -> tuple[int, str] | None:
+    """Where and why Python itself refuses ``source``, or None if it compiles.
+
+    libcst's parser reports an error where its tokenizer stopped, often the line after the
+    mistake (``def f(:`` on line 1 is reported on line 2); Python's own parser names the line
+    a user sees in their editor, with Python's message."""
+    try:
+        ast.parse(source)
+    except SyntaxError as exc:
+        return (exc.lineno or 1), (exc.msg or "invalid syntax")
+    except ValueError:  # pragma: no cover - NUL bytes; read_script refuses those first
+        return None
+    return None
+
+
 def convert_source(source: str, mode: str = "native", **options: Any) -> CodemodResult:
-    """Apply the seed's edits to a training script's text (``mode``: native or compat).
+    """Edit a script's text for perfora (``mode``: native) or the PerforatedAI recipe (compat).
 
     ``options``: ``settings`` ({name: value source}), ``run_dir`` (native), ``save_name``
     (compat), ``score`` (the name to report), ``maximize``, ``name`` (the script's stem).
@@ -42,7 +58,8 @@ def _convert(source: str, mode: str, opts: ConvertOptions) -> CodemodResult:
     try:
         tree = Tree(source)
     except cst.ParserSyntaxError as exc:
-        raise ScriptError(f"not valid Python (line {exc.raw_line}): {exc.message}") from None
+        line, message = python_syntax_error(source) or (exc.raw_line, exc.message)
+        raise ScriptError(f"not valid Python (line {line}): {message}") from None
     script = find_parts(tree, opts.score)
     if script.already:
         swapped, lines = _swap_perforatedai_imports(script.module, tree)

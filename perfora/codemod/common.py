@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import difflib
 from dataclasses import dataclass, field
 
 import libcst as cst
@@ -37,9 +36,18 @@ class ConvertOptions:
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ConfigError(f"unknown mode {self.mode!r}: use 'native' (perfora's API, no "
-                              "restarts) or 'compat' (the seed's PerforatedAI recipe)")
+                              "restarts) or 'compat' (the PerforatedAI recipe)")
         self.settings = {k: _setting_source(self.mode, k, v) for k, v in self.settings.items()}
         _check_values(self.mode, self.settings)
+
+
+def _suggestion(name: str, known: list[str]) -> str:
+    """'; did you mean X?' as PerforaConfig says it, else the names to choose from."""
+    from ..config import ALIASES, nearest_name
+
+    alias = ALIASES.get(name)
+    close = alias if alias in known else nearest_name(name, known)
+    return f"; did you mean {close!r}?" if close else f"; known: {', '.join(sorted(known))}"
 
 
 def _setting_source(mode: str, name: str, value: str) -> str:
@@ -53,9 +61,7 @@ def _setting_source(mode: str, name: str, value: str) -> str:
 
         known = list(SETTINGS)
     if name not in known:
-        close = difflib.get_close_matches(name, known, n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise ConfigError(f"--set {name}: not a {mode}-mode setting{hint}")
+        raise ConfigError(f"--set {name}: not a {mode}-mode setting{_suggestion(name, known)}")
     text = str(value).strip()
     bare = text.strip("'\"")
     if mode == "compat" and name == "switch_mode" and bare in COMPAT_SWITCH_MODES:

@@ -1,4 +1,5 @@
-"""Compat mode: the seed's recipe, step by step, with the PerforatedAI names perfora.compat has.
+"""Compat mode: the PerforatedAI recipe, step by step, with the PerforatedAI names perfora.compat
+has.
 
 Flags, ``UPA.perforate_model``, loading the newest ``switch_N`` before the optimizer,
 ``GPA.pai_tracker.setup_optimizer`` with the same types and arguments, the conditional
@@ -37,7 +38,7 @@ from .syntax import code
 
 
 def compat_edits(script: Script, opts: ConvertOptions, line_of: LineOf) -> Edits:
-    """The edits that apply the seed's recipe with ``perfora.compat``'s GPA/UPA names."""
+    """The edits that apply the PerforatedAI recipe with ``perfora.compat``'s GPA/UPA names."""
     edits = Edits()
     s = script
     if s.insert_at is None:
@@ -104,7 +105,7 @@ def _dict(model: str | None, kwargs: list[tuple[str, str]]) -> str:
 
 
 def _wrap(s: Script, edits: Edits, args: str | None, line_of: LineOf) -> None:
-    """The seed's conditional DataParallel/DDP wrap, the user's arguments kept."""
+    """The PerforatedAI recipe's conditional DataParallel/DDP wrap, the user's arguments kept."""
     wrap = s.wrap
     call = wrap.call
     ddp = wrap.kind == "DistributedDataParallel"
@@ -130,7 +131,7 @@ def _wrap(s: Script, edits: Edits, args: str | None, line_of: LineOf) -> None:
         if wrap.target != s.model_var:  # the initialization run trains the bare model
             text += f"else:\n    {wrap.target} = {s.model_var}\n"
         template = statements(text)
-    else:  # no flags here: wrap as in the seed's normal training mode
+    else:  # no flags here: wrap as in the recipe's normal training mode
         template = statements("GPA.pai_tracker.initialize_tracker_settings()\n__perfora_wrap__")
 
     class Put(cst.CSTTransformer):
@@ -144,7 +145,7 @@ def _wrap(s: Script, edits: Edits, args: str | None, line_of: LineOf) -> None:
     edits.replace_with(wrap.stmt, [st.visit(Put()) for st in template])
     note_done(s.findings, line_of(wrap.stmt), f"{wrap.kind} wrap kept with its arguments"
               + (", find_unused_parameters=True added" if ddp else "")
-              + ", inside the seed's initialization-run condition")
+              + ", inside the PerforatedAI recipe's initialization-run condition")
 
 
 def _batch(s: Script, edits: Edits, opts: ConvertOptions, imports: list[str], line_of: LineOf,
@@ -155,7 +156,7 @@ def _batch(s: Script, edits: Edits, opts: ConvertOptions, imports: list[str], li
     batch = s.loop.batch
     head = PRE_INIT_DDP if s.wrap.kind.startswith("Distributed") else PRE_INIT_DP
     if batch.model_name is None:
-        s.findings.append(Finding(line_of(batch.backward), "add the seed's gradient "
+        s.findings.append(Finding(line_of(batch.backward), "add the PerforatedAI recipe's gradient "
                                   "pre-initialization (for param in model.parameters(): ...) "
                                   "between zero_grad() and this backward() by hand: the "
                                   "model's name here is unknown", MANUAL))
@@ -166,7 +167,7 @@ def _batch(s: Script, edits: Edits, opts: ConvertOptions, imports: list[str], li
         else:
             edits.insert_before(batch.backward, pre)
         note_done(s.findings, line_of(batch.backward), "zero-filled gradients before "
-                  "backward() (the seed's DDP fix; harmless with perfora)")
+                  "backward() (the PerforatedAI recipe's DDP fix; harmless with perfora)")
     args_name = batch.args_name or new_args  # a parser perfora added is module-level
     if args_name is not None:
         flag = f"{args_name}.perforate_model_parallel"

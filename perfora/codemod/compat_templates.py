@@ -1,6 +1,6 @@
-"""The seed's code blocks that compat mode inserts, as the seed writes them (formatted with
-the script's names): the checkpoint load, the conditional wrap, the zero-filled gradients and
-the initialization run's exit."""
+"""The PerforatedAI recipe's code blocks that compat mode inserts, as the recipe writes them
+(formatted with the script's names): the checkpoint load, the conditional wrap, the zero-filled
+gradients and the initialization run's exit."""
 
 IMPORTS = ["from perfora.compat import globals_perforatedai as GPA",
            "from perfora.compat import utils_perforatedai as UPA"]
@@ -27,7 +27,7 @@ if {args}.pai_load_folder is not None:
             print(f"Starting from beginning (no valid switch_x.pt found in {{{args}.pai_load_folder}})")
     else:
         print(f"Starting from beginning (no switch_x.pt files found in {{{args}.pai_load_folder}})")
-"""  # noqa: E501 (the seed's code, as written)
+"""  # noqa: E501 (the recipe's code, as written)
 WRAP_DDP = """\
 # PAI DDP setup - initialize on single GPU, then use DDP
 # (with --perforate_model_parallel: initialization mode - stay on single GPU, will save

@@ -152,10 +152,7 @@ class PAITracker:
             raise ConfigError("set_optimizer_instance(additional_optimizers=...) is not "
                               "supported: perfora steps one optimizer's scheduler; keep the "
                               "others in your script and rebuild them when restructured")
-        ctl = self._ctl("set_optimizer_instance")
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # the seed's quick-start path; documented
-            ctl.set_optimizer_instance(optimizer)
+        self._ctl("set_optimizer_instance").set_optimizer_instance(optimizer)
         optimizer.zero_grad()
 
     # ------------------------------------------------------------------ scores
@@ -230,7 +227,8 @@ class PAITracker:
 
     def save_tracker_settings(self) -> Path:
         """Write the settings and wrapped layers (rank 0). perfora sizes everything eagerly,
-        so the seed's initialization run is optional; this file records what it saw."""
+        so the PerforatedAI recipe's initialization run is optional; this file records what it
+        saw."""
         ctl = self._ctl("save_tracker_settings")
         path = self.settings_path()
         if is_rank_zero():

@@ -88,7 +88,8 @@ def load_system(model: nn.Module, folder: str | Path, name: str,
         if ctl.optimizer is not None:
             warnings.warn("UPA.load_system after setup_optimizer: the optimizer you hold "
                           "no longer matches the loaded model; call setup_optimizer again "
-                          "(or load before creating it, as the seed does)", stacklevel=2)
+                          "(or load before creating it, as the PerforatedAI recipe does)",
+                          stacklevel=2)
         ctl.load(path)
         return model
     if load_from_restart:

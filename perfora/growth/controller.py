@@ -203,7 +203,7 @@ class GrowthController(OptimizerMethods, CheckpointMethods):
             raise OrderError("step() after training completed: the controller already "
                              "restored the best model; stop the loop when decision.complete")
         self._adopt(model)
-        self._usage.end_epoch(self._slot.expected)
+        self._usage.end_epoch(self._slot.expected, self._slot.awaiting_instance)
         value, test, extras = read_scores(score, test_score, extra, weight)
         now = time.perf_counter()
         seconds, self._last_time = now - self._last_time, now

@@ -1,14 +1,14 @@
 """The optimizer slot: who owns the optimizer, and what happens to it at a restructure.
 
 Three owners: a recipe (``set_optimizer``/``set_scheduler``: perfora builds and rebuilds
-it), the user (``set_optimizer_instance``: dropped at a restructure, the user builds the
-next), or a framework (Lightning, HF Trainer: handed over each epoch, read for the learning
-rate and saved, never rebuilt here).
+it), the user (``set_optimizer_instance``: dropped at a restructure, the user builds and
+registers the next; an epoch trained before they do is warned about, see
+:mod:`perfora.usage`), or a framework (Lightning, HF Trainer: handed over each epoch, read
+for the learning rate and saved, never rebuilt here).
 """
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import torch
@@ -29,11 +29,13 @@ class OptimizerSlot:
         self.recipe: OptimizerRecipe | None = None
         self.scheduler_recipe: SchedulerRecipe | None = None
         self.user_owned = False
+        self.awaiting_instance = False
+        """True from a restructure that dropped the user's optimizer until they register one."""
 
     def set_recipe(self, cls: type[torch.optim.Optimizer], kwargs: dict[str, Any]) -> None:
         """Register the optimizer class and arguments; rebuilt after every restructure."""
         self.recipe = OptimizerRecipe(cls, dict(kwargs))
-        self.user_owned = False
+        self.user_owned = self.awaiting_instance = False
 
     def set_scheduler(self, cls: type, kwargs: dict[str, Any]) -> None:
         """Register the LR scheduler class and arguments."""
@@ -53,18 +55,17 @@ class OptimizerSlot:
         return self.optimizer, self.scheduler
 
     def set_instance(self, optimizer: torch.optim.Optimizer, scheduler: Any = None) -> None:
-        """Use the user's optimizer; they rebuild it after a restructure (warned)."""
+        """Use the user's optimizer; they rebuild and register it after every restructure.
+
+        Registering is the documented way, so it warns about nothing; an epoch trained after
+        a restructure without a new one is what the usage check warns about, once."""
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise OrderError(f"set_optimizer_instance needs a torch.optim.Optimizer, got "
                              f"{type(optimizer).__name__}")
         self.optimizer, self.scheduler = optimizer, scheduler
         self.user_owned = True
+        self.awaiting_instance = False
         self.recipe = None
-        warnings.warn("perfora cannot rebuild an optimizer it did not build: after every "
-                      "decision with restructured=True, create a new optimizer over "
-                      "model.parameters() and pass it to set_optimizer_instance again (or "
-                      "use set_optimizer(cls, **kwargs) and let perfora rebuild it)",
-                      stacklevel=3)
 
     def hand_over(self, optimizer: torch.optim.Optimizer | None) -> None:
         """A framework's current optimizer: read for the learning rate and saved, not rebuilt."""
@@ -86,6 +87,7 @@ class OptimizerSlot:
             self.build(model, maximize)
         elif self.user_owned:
             self.optimizer = self.scheduler = None
+            self.awaiting_instance = True
 
     def lr(self) -> float | None:
         """The current learning rate (None without an optimizer)."""

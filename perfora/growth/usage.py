@@ -12,13 +12,13 @@ Three mistakes leave a run training on without its dendrites, silently:
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Mapping
 
 import torch
 from torch import nn
 
 from ..nn.layers import DendriticLayer
+from ..warn import warn_user
 
 _SAMPLE = 1024  # elements compared per parameter: enough to see any optimizer step
 _DENDRITE_GROUPS = ("bank", "cascade", "out", "candidate")
@@ -63,16 +63,22 @@ class UsageWatch:
             handle.remove()
         self._handles, self._flags = [], {}
 
-    def end_epoch(self, has_optimizer: bool) -> None:
-        """Check the epoch just reported (if it was watched), then stop watching."""
+    def end_epoch(self, has_optimizer: bool, awaiting_instance: bool = False) -> None:
+        """Check the epoch just reported (if it was watched), then stop watching.
+
+        ``awaiting_instance``: a restructure dropped the optimizer the user registered with
+        ``set_optimizer_instance`` and no new one has been registered since."""
         flags = self._flags
         trained = any(f.trained for f in flags.values())
         idle = sorted(p for p, f in flags.items() if not f.called)
         self.stop_watching_calls()
         if trained:
             self._check_calls(idle)
-            self._check_optimizer_registered(has_optimizer)
-            self._check_new_dendrites_trained()
+            if awaiting_instance:  # one warning for this mistake, not two
+                self._check_instance_renewed()
+            else:
+                self._check_optimizer_registered(has_optimizer)
+                self._check_new_dendrites_trained()
         self._fresh = []
 
     def _check_calls(self, idle: list[str]) -> None:
@@ -92,6 +98,16 @@ class UsageWatch:
                        "add dendrites, but cannot give you an optimizer that trains them. "
                        "Register yours first: controller.set_optimizer(torch.optim.Adam, "
                        "lr=...) (perfora rebuilds it), or set_optimizer_instance(opt)")
+
+    def _check_instance_renewed(self) -> None:
+        """Warn once when an epoch trained after a restructure dropped the user's optimizer."""
+        self._warn("instance-not-renewed", "perfora cannot rebuild an optimizer it did not "
+                   "build: the one given to set_optimizer_instance was dropped at the last "
+                   "restructure, and this epoch trained without a new one, so the new "
+                   "dendrites were not trained. After every decision with restructured=True, "
+                   "create a new optimizer over model.parameters() and pass it to "
+                   "set_optimizer_instance again (or use set_optimizer(cls, **kwargs) and let "
+                   "perfora rebuild it)")
 
     def after_restructure(self, layers: Mapping[str, DendriticLayer]) -> None:
         """Sample the trainable dendrite parameters now and watch the next epoch."""
@@ -120,6 +136,7 @@ class UsageWatch:
                        "over model.parameters() and register it again")
 
     def _warn(self, key: str, message: str) -> None:
+        """Warn once per kind, at the user's call (their ``step()``), not at perfora's line."""
         if key not in self._warned:
             self._warned.add(key)
-            warnings.warn(message, stacklevel=4)
+            warn_user(message)

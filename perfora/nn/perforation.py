@@ -131,6 +131,10 @@ def perforate(
     selected = _first_path_per_module(selected, modules)
     existing = dendritic_layers(inner)
     if not selected and not existing:
+        recurrent = [(p, m) for p, m in modules.items() if isinstance(m, _RECURRENT)]
+        if recurrent and types == DEFAULT_TYPES:  # why the default found nothing
+            path, module = recurrent[0]
+            raise _recurrent_error(path, module, "; this model has no Linear or Conv layer")
         raise PerforationError(
             "nothing to perforate: no module matched the selection (types="
             f"{[t.__name__ for t in types]}, names={sorted(names)}, paths={paths}). "
@@ -194,17 +198,26 @@ def _refuse_unsupported(path: str, module: nn.Module) -> None:
     if not any(True for _ in module.parameters()):
         raise PerforationError(f"cannot perforate {path!r} ({type(module).__name__}): "
                                "it has no parameters to copy into dendrites")
-    if isinstance(module, (nn.RNNBase, nn.RNNCellBase)):
-        raise PerforationError(
-            f"cannot perforate {path!r} ({type(module).__name__}): recurrent layers take and "
-            "return a hidden state besides their output, which dendrites do not support. "
-            "Perforate the Linear layers that read its output instead (the default types "
-            "select them and leave recurrent layers alone)")
+    if isinstance(module, _RECURRENT):
+        raise _recurrent_error(path, module)
     if isinstance(module, nn.MultiheadAttention):
         raise PerforationError(
             f"cannot perforate {path!r} ({type(module).__name__}) as one layer: it returns "
             "(output, weights). Grow its output projection instead: "
             f"paths=[{path + '.out_proj'!r}]")
+
+
+_RECURRENT = (nn.RNNBase, nn.RNNCellBase)
+
+
+def _recurrent_error(path: str, module: nn.Module, tail: str = "") -> PerforationError:
+    """Why a recurrent layer (``path``; "" for the model itself) cannot be perforated."""
+    where = repr(path) if path else "the model"
+    return PerforationError(
+        f"cannot perforate {where} ({type(module).__name__}): recurrent layers take and "
+        "return a hidden state besides their output, which dendrites do not support. "
+        "Perforate the Linear layers that read its output instead (the default types "
+        f"select them and leave recurrent layers alone){tail}")
 
 
 def _first_path_per_module(paths: list[str], modules: Mapping[str, nn.Module]) -> list[str]:

@@ -9,8 +9,8 @@ from .tree import Tree
 
 
 def already_converted(tree: Tree) -> str | None:
-    """``native`` (perfora.perforate / GrowthController called), ``compat`` (the seed's
-    perforate_model / initialize_pai), or None."""
+    """``native`` (perfora.perforate / GrowthController called), ``compat``
+    (PerforatedAI's perforate_model / initialize_pai), or None."""
     for call in tree.calls:
         name = tree.canonical(call.func) or ""
         if name in ("perfora.perforate", "perfora.GrowthController"):

@@ -1,8 +1,8 @@
-"""Scripts written for the PerforatedAI API, following the seed's recipes literally, run on
+"""Scripts written for the PerforatedAI API, following PerforatedAI's recipes literally, run on
 perfora with only the two imports swapped (tests/scripts/compat/), each run in a process of
 its own (forked from the warm script server, as ``python script.py`` runs it).
 
-Single process to training_complete; the seed's restart workflow (exit after each
+Single process to training_complete; the multi-GPU recipe's restart workflow (exit after each
 restructure, reload the highest switch_N) giving the same model as an uninterrupted run;
 DataParallel with the --perforate_model_parallel initialization run (test_compat.py
 covers DataParallel without it).
@@ -55,7 +55,7 @@ def build_like_scripts() -> nn.Module:
 
 
 def reload_best(folder: Path, probe_seed: int) -> torch.Tensor:
-    """A fresh model, perforated and loaded with the seed's calls: outputs on the probe."""
+    """A fresh model, perforated and loaded with PerforatedAI's calls: outputs on the probe."""
     GPA.reset()
     GPA.pc.set_testing_dendrite_capacity(False)
     try:
@@ -73,7 +73,7 @@ def reload_best(folder: Path, probe_seed: int) -> torch.Tensor:
 
 @pytest.mark.timeout(300)
 def test_single_process_script_reaches_complete_and_restart_workflow_matches(tmp_path, run):
-    _, result = run("seed_single.py", tmp_path, "--save_name", "RUN")
+    _, result = run("pai_single.py", tmp_path, "--save_name", "RUN")
     assert result["complete"] and result["restructures"] >= 1
     folder = tmp_path / "RUN"
     switches = sorted(folder.glob("switch_*.pt"))
@@ -85,13 +85,13 @@ def test_single_process_script_reaches_complete_and_restart_workflow_matches(tmp
     reloaded, dendrites = reload_best(folder, probe_seed=1)
     assert torch.equal(reloaded, final) and dendrites == {result["dendrites"]}
 
-    # the seed's restart workflow: exit after each restructure, restart from the highest
+    # the multi-GPU recipe's restart workflow: exit after each restructure, restart from the highest
     # switch_N (what `perfora launch` automates), until the marker file appears
     attempts, args = 0, ["--save_name", "RST", "--exit_on_restructure"]
     while not (tmp_path / "RST" / COMPLETE_MARKER).exists():
         attempts += 1
         assert attempts <= 6, "the restart workflow did not finish"
-        out, _ = run("seed_single.py", tmp_path, *args)
+        out, _ = run("pai_single.py", tmp_path, *args)
         if attempts > 1:
             assert "Loaded PAI state from RST/switch_" in out
         args = ["--save_name", "RST", "--exit_on_restructure", "--pai_load_folder", "RST"]
@@ -102,7 +102,7 @@ def test_single_process_script_reaches_complete_and_restart_workflow_matches(tmp
 
 @pytest.mark.timeout(300)
 def test_dataparallel_two_step_recipe(tmp_path, run):
-    out, _ = run("seed_dataparallel.py", tmp_path, "--save_name", "DP",
+    out, _ = run("pai_dataparallel.py", tmp_path, "--save_name", "DP",
                  "--perforate_model_parallel")
     assert "Initialization complete" in out
     folder = tmp_path / "DP"
@@ -113,7 +113,7 @@ def test_dataparallel_two_step_recipe(tmp_path, run):
                                "2": {"neurons": 3, "dendrites": 0}}
     assert not list(folder.glob("*.pt"))  # it stopped after the first batch
 
-    out, result = run("seed_dataparallel.py", tmp_path, "--save_name", "DP")
+    out, result = run("pai_dataparallel.py", tmp_path, "--save_name", "DP")
     assert result["complete"] and result["restructures"] >= 1
     assert result["wrapper"] == "DataParallel"
     assert "settings changed" not in out

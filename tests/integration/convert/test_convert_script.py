@@ -1,8 +1,9 @@
 """`perfora convert` on a corpus of realistic training scripts (tests/scripts/convert_corpus/).
 
-Every regular script is converted in both modes; the diff is checked for the seed's ordering
-(perforate, then the resume load, then the optimizer, then the DataParallel/DDP wrap; in
-compat mode the zero-filled gradients strictly between zero_grad() and backward()),
+Every regular script is converted in both modes; the diff is checked for the PerforatedAI
+recipe's ordering (perforate, then the resume load, then the optimizer, then the
+DataParallel/DDP wrap; in compat mode the zero-filled gradients strictly between zero_grad()
+and backward()),
 idempotence, kept comments and arguments; the converted scripts then really run on CPU and
 must grow dendrites, read back from the run files they write: each in its own process(es)
 forked from a warm script server (the DDP ones as 2 gloo ranks with torchrun's environment),
@@ -196,7 +197,8 @@ def test_comments_and_untouched_lines_are_kept(name, mode):
                          line), line
 
 
-# Exact types and arguments, as the seed insists: (mode, script) -> lines that must appear.
+# Exact types and arguments, as the PerforatedAI recipe insists:
+# (mode, script) -> lines that must appear.
 SAME_ARGS = {
     ("native", "single_argparse_steplr"): [
         "controller.set_optimizer(torch.optim.Adam, lr=args.lr, weight_decay=1e-4)",
@@ -484,7 +486,7 @@ def test_converted_script_runs_and_grows(name, mode, runs):
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_compat_resumes_from_the_newest_switch(tmp_path, runs):
-    """The seed's restart: start again with --pai_load_folder, from the newest switch_N."""
+    """The multi-GPU recipe's restart: again with --pai_load_folder, from the newest switch_N."""
     name = "single_argparse_steplr"
     first = runs[name, "compat"]
     assert first.codes == [0], first.log[-3000:]
@@ -521,7 +523,7 @@ def test_native_resumes_from_a_checkpoint(tmp_path, runs):
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_compat_dataparallel_initialization_run(tmp_path):
-    """The seed's first DataParallel run: one batch, save the settings, exit."""
+    """The PerforatedAI recipe's first DataParallel run: one batch, save the settings, exit."""
     proc = run_converted("dataparallel", "compat", tmp_path,
                          extra=["--perforate_model_parallel"])
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -578,8 +580,8 @@ def test_compat_ddp_script_runs_under_perfora_launch(tmp_path):
 
 
 def test_script_written_for_perforatedai_only_gets_its_imports_switched():
-    """A seed-style script (tests/scripts/compat) with PerforatedAI's own imports."""
-    ours = (SCRIPTS / "compat" / "seed_single.py").read_text()
+    """A PerforatedAI-style script (tests/scripts/compat) with PerforatedAI's own imports."""
+    ours = (SCRIPTS / "compat" / "pai_single.py").read_text()
     theirs = ours.replace("from perfora.compat import", "from perforatedai import")
     assert theirs != ours
     result = convert_source(theirs, "compat")

@@ -50,7 +50,7 @@ def _params(out: Path, rank: int) -> dict:
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     """One full run: --init, then 2 attempts (a restructure, then complete). (Restarts from
-    the newest of several switch_N are test_launch_seed's.)"""
+    the newest of several switch_N are test_launch_pai_script's.)"""
     cwd = tmp_path_factory.mktemp("uninterrupted")
     proc = _launch(["--nproc-per-node", "2", "--save-name", "RUN", "--init",
                     "--attempt-timeout", "150", str(NATIVE), *ONE_SET], cwd)

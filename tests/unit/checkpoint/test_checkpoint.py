@@ -174,7 +174,8 @@ def test_resume_mid_cycle_matches_uninterrupted_run(tmp_path):
 
 
 def test_resume_from_switch_file_after_running_further(tmp_path):
-    # the seed's restart workflow: the run went on to epoch 5, then restarts from switch_1
+    # the PerforatedAI recipe's restart workflow: the run went on to epoch 5, then restarts
+    # from switch_1
     ctl_a, model_a, ctl_b, model_b, loaded = resume_run(
         tmp_path, total=7, stop=5, load_from=str(tmp_path / "b" / "switch_1.safetensors"))
     assert loaded == 3

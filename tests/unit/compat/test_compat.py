@@ -377,7 +377,7 @@ def test_switch_best_and_latest_files_hold_safetensors():
     for name in names:
         with safe_open(str(folder / name), framework="pt") as handle:
             assert any(key.startswith("model/") for key in handle.keys())
-    # the seed's loader takes the highest N: that is the newest structure
+    # the PerforatedAI recipe's loader takes the highest N: that is the newest structure
     reset_settings()
     fresh = UPA.perforate_model(build(), save_name="RUN3")
     UPA.load_system(fresh, str(folder), "switch_3", True)

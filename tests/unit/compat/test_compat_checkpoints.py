@@ -60,8 +60,8 @@ def one_epoch(model: nn.Module, optimizer: torch.optim.Optimizer, epoch: int) ->
         return (model(x).argmax(1) == y).float().mean().item()
 
 
-def seed_loop(model: nn.Module, start: int, until: int) -> tuple[nn.Module, list[bool]]:
-    """The seed's loop: extra and test scores, then add_validation_score, for epochs
+def pai_loop(model: nn.Module, start: int, until: int) -> tuple[nn.Module, list[bool]]:
+    """PerforatedAI's loop: extra and test scores, then add_validation_score, for epochs
     start+1..until; returns the model and which epochs restructured."""
     optimizer, _ = GPA.pai_tracker.setup_optimizer(model, {"lr": 0.1})
     changed = []
@@ -105,21 +105,21 @@ def test_latest_follows_the_time_budget_but_restructures_always_write(tmp_path: 
     assert len(metrics(tmp_path / "RUN")) == 11  # metrics.csv still gets every epoch
 
 
-def test_resumed_seed_loop_equals_the_uninterrupted_one(tmp_path: Path) -> None:
-    full, full_changed = seed_loop(perforated("FULL"), 0, 11)
+def test_resumed_pai_loop_equals_the_uninterrupted_one(tmp_path: Path) -> None:
+    full, full_changed = pai_loop(perforated("FULL"), 0, 11)
     full_state = {k: v.clone() for k, v in full.state_dict().items()}
 
     settings()
-    part, changed = seed_loop(perforated("PART"), 0, 6)
+    part, changed = pai_loop(perforated("PART"), 0, 6)
     UPA.save_system(part, "PART", "at6")
-    seed_loop(part, 6, 8)  # lost: the run dies after epoch 8
+    pai_loop(part, 6, 8)  # lost: the run dies after epoch 8
     assert len(metrics(tmp_path / "PART")) == 8
 
     settings()
     model = perforated("PART")
     model = UPA.load_system(model, "PART", "at6", True)
     assert len(metrics(tmp_path / "PART")) == 6
-    model, more = seed_loop(model, 6, 11)
+    model, more = pai_loop(model, 6, 11)
     assert changed + more == full_changed and any(full_changed)
     for name, value in model.state_dict().items():
         assert torch.equal(value, full_state[name]), name

@@ -1,10 +1,10 @@
-"""Warnings for loops that would train on without their dendrites."""
+"""Warnings for loops that would train on without their dendrites: each once, at the user's
+own ``step()`` call (not at perfora's line), and none for a loop that follows the docs."""
 
 from __future__ import annotations
 
 import warnings
 
-import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -31,11 +31,21 @@ def _train(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         optimizer.step()
 
 
-def test_step_with_no_optimizer_registered_warns_once():
+def _recorded(action) -> list[warnings.WarningMessage]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        action()
+    return [w for w in caught if issubclass(w.category, UserWarning)]
+
+
+def test_step_with_no_optimizer_registered_warns_once_at_the_step_call():
     model, ctl, optimizer = _setup(register=False)
     _train(model, optimizer)
-    with pytest.warns(UserWarning, match="no optimizer registered"):
-        ctl.step(1.0)
+    caught = _recorded(lambda: ctl.step(1.0))
+    assert [str(w.message)[:38] for w in caught] == ["step() with no optimizer registered: p"]
+    assert caught[0].filename == __file__  # this file's ctl.step(), not perfora's own line
+    _train(model, optimizer)
+    assert _recorded(lambda: ctl.step(1.0)) == []  # once
 
 
 def test_training_on_with_the_stale_optimizer_after_growth_warns():
@@ -45,8 +55,51 @@ def test_training_on_with_the_stale_optimizer_after_growth_warns():
     decision = ctl.add_dendrites()
     assert decision.optimizer is not optimizer
     _train(model, optimizer)  # the old optimizer: it does not hold the new dendrites
-    with pytest.warns(UserWarning, match="did not change during the epoch since"):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         ctl.step(1.0)
+    stale = [w for w in caught if "did not change during the epoch since" in str(w.message)]
+    assert len(stale) == 1 and stale[0].filename == __file__
+
+
+def _loop_with_your_own_optimizer(reregister: bool, epochs: int = 14) -> tuple[int, list]:
+    """The quickstart's loop with set_optimizer_instance: scores that plateau, so it grows."""
+    torch.manual_seed(0)
+    model = perfora.perforate(nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2)))
+    ctl = perfora.GrowthController(model, seed=0, dendrite_init="default",
+                                   n_epochs_to_switch=2, max_dendrites=3)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    restructures = 0
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ctl.set_optimizer_instance(optimizer)
+        for epoch in range(epochs):
+            _train(model, optimizer)
+            decision = ctl.step(1.0 + 0.01 * (epoch % 2))
+            if decision.restructured:
+                restructures += 1
+                if reregister:  # as the quickstart says: a new optimizer, registered again
+                    optimizer = torch.optim.SGD(decision.model.parameters(), lr=0.1)
+                    ctl.set_optimizer_instance(optimizer)
+            if decision.complete:
+                break
+    return restructures, [w for w in caught if issubclass(w.category, UserWarning)]
+
+
+def test_your_own_optimizer_registered_again_after_each_restructure_gives_no_warning():
+    restructures, caught = _loop_with_your_own_optimizer(reregister=True)
+    assert restructures >= 2
+    assert [str(w.message) for w in caught] == []
+
+
+def test_your_own_optimizer_not_registered_again_warns_once_at_the_step_call():
+    restructures, caught = _loop_with_your_own_optimizer(reregister=False)
+    assert restructures >= 2
+    assert len(caught) == 1, [str(w.message) for w in caught]
+    message = str(caught[0].message)
+    assert message.startswith("perfora cannot rebuild an optimizer it did not build")
+    assert "pass it to set_optimizer_instance again" in message
+    assert caught[0].filename == __file__
 
 
 def test_training_with_the_rebuilt_optimizer_gives_no_warning():

@@ -232,6 +232,22 @@ def test_recurrent_layers_are_refused_at_perforate_time(recurrent):
                           num_neurons={"0": 3})
 
 
+@pytest.mark.parametrize("make", [lambda: nn.LSTM(4, 4), lambda: nn.GRUCell(4, 4),
+                                  lambda: nn.Sequential(nn.LSTM(4, 4), nn.ReLU())])
+def test_a_model_with_only_a_recurrent_layer_is_told_why_nothing_can_grow(make):
+    with pytest.raises(perfora.PerforationError) as info:
+        perfora.perforate(make())
+    message = str(info.value)
+    assert "recurrent layers take and return a hidden state" in message
+    assert "Perforate the Linear layers that read its output" in message
+    assert "no Linear or Conv layer" in message and "nothing to perforate" not in message
+
+
+def test_a_selection_that_matches_nothing_still_lists_the_modules():
+    with pytest.raises(perfora.PerforationError, match=r"nothing to perforate.*0 \(LSTM\)"):
+        perfora.perforate(nn.Sequential(nn.LSTM(4, 4), nn.Linear(4, 2)), names=["Missing"])
+
+
 class _Tagger(nn.Module):
     def __init__(self) -> None:
         super().__init__()

@@ -1,4 +1,4 @@
-"""A PerforatedAI-style script converted for DataParallel exactly as the seed's recipe says:
+"""A PerforatedAI-style script converted for DataParallel exactly as PerforatedAI's recipe says:
 the --perforate_model_parallel initialization run (exits after the first backward), then
 the normal run that wraps the model in torch.nn.DataParallel.
 

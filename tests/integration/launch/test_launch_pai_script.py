@@ -1,4 +1,5 @@
-"""The seed's DDP section, followed literally (GPA/UPA names), run through `perfora launch`."""
+"""The PerforatedAI multi-GPU (DDP) recipe, followed literally (GPA/UPA names), run through
+`perfora launch`."""
 
 from __future__ import annotations
 
@@ -13,16 +14,16 @@ import pytest
 from tests.support.paths import ROOT, SCRIPTS
 
 ROOT = ROOT
-SEED_SCRIPT = SCRIPTS / "launch" / "seed_ddp_train.py"
+PAI_SCRIPT = SCRIPTS / "launch" / "pai_ddp_train.py"
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(480)
-def test_seed_ddp_script_runs_through_launch_init_restarts_and_completes(tmp_path: Path) -> None:
+def test_pai_ddp_script_runs_through_launch_init_restarts_and_completes(tmp_path: Path) -> None:
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
     proc = subprocess.run(
         [sys.executable, "-m", "perfora.cli", "launch", "--nproc-per-node", "2", "--init",
-         "--attempt-timeout", "150", str(SEED_SCRIPT), "--out", "res"],
+         "--attempt-timeout", "150", str(PAI_SCRIPT), "--out", "res"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400)
     out = proc.stdout
     assert proc.returncode == 0, out + proc.stderr

@@ -1,4 +1,4 @@
-"""A PerforatedAI-style training script, single process, with the seed's DDP-section
+"""A PerforatedAI-style training script, single process, with the multi-GPU recipe's DDP-section
 checkpoint loading (highest switch_N) so it can also be restarted after each restructure.
 
 Only the two imports differ from a script written for PerforatedAI.
@@ -55,7 +55,7 @@ if args.pai_load_folder is not None:
             try:
                 num = int(f.split('switch_')[1].split('.pt')[0])
                 switch_numbers.append(num)
-            except:  # noqa: E722 - as the seed writes it
+            except:  # noqa: E722 - as the recipe writes it
                 pass
         if switch_numbers:
             max_switch = max(switch_numbers)

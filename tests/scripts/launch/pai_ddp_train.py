@@ -1,9 +1,9 @@
-"""A DDP training script that follows the seed's DDP section literally (GPA/UPA names).
+"""A DDP training script that follows the PerforatedAI multi-GPU recipe literally (GPA/UPA names).
 
 Both flags, ``load_system`` from the highest ``switch_N``, ``setup_optimizer`` after it, DDP
 with ``find_unused_parameters=True``, zero-filled gradients before ``backward()``, every rank
 calling ``add_validation_score``, and an exit after each restructure. Run it with
-``perfora launch --nproc-per-node 2 --init seed_ddp_train.py --out DIR``.
+``perfora launch --nproc-per-node 2 --init pai_ddp_train.py --out DIR``.
 """
 
 import argparse
@@ -72,7 +72,7 @@ if args.pai_load_folder is not None:
             try:
                 num = int(f.split('switch_')[1].split('.pt')[0])
                 switch_numbers.append(num)
-            except:  # noqa: E722 (the seed's code, as written)
+            except:  # noqa: E722 (the recipe's code, as written)
                 pass
         if switch_numbers:
             max_switch = max(switch_numbers)

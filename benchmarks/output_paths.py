@@ -1,0 +1,39 @@
+"""Where a benchmark writes: a git-ignored folder, unless asked to update the stored results.
+
+``benchmarks/results/`` holds the stored results: the JSON that ``tables.py`` turns into the
+tables of ``benchmarks/README.md``, and the plots it shows. They change only when a run is
+meant to replace them (``--update-stored``). Any other run writes to
+``benchmarks/results/local/``, which git ignores, so running a benchmark leaves ``git status``
+clean and the stored results as they were.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+STORED = HERE / "results"
+"""The stored results (tracked): what benchmarks/README.md shows."""
+LOCAL = STORED / "local"
+"""A run's own results (git-ignored): the default."""
+
+
+def add_update_stored(parser: argparse.ArgumentParser) -> None:
+    """The ``--update-stored`` flag: write to benchmarks/results/ instead of results/local/."""
+    parser.add_argument(
+        "--update-stored", action="store_true",
+        help="write the stored results in benchmarks/results/ (what benchmarks/README.md "
+             "shows; run tables.py afterwards) instead of benchmarks/results/local/ "
+             "(git-ignored, the default)")
+
+
+def results_dir(update_stored: bool) -> Path:
+    """benchmarks/results/ with ``--update-stored``, else benchmarks/results/local/."""
+    return STORED if update_stored else LOCAL
+
+
+def default_help(name: str, what: str = "JSON output path") -> str:
+    """The help text of an output option whose default file is ``name``."""
+    return (f"{what} (default benchmarks/results/local/{name}; with --update-stored "
+            f"benchmarks/results/{name})")
