@@ -115,7 +115,7 @@ def test_help_speaks_of_the_perforatedai_recipe_not_of_project_history(command):
 
 def test_a_run_folder_that_exists_is_used(tmp_path: Path, monkeypatch, capsys):
     """The check creates the folder or accepts an existing one; it refuses nothing else."""
-    import perfora.demo as demo
+    import perfora.cli.demo as demo
 
     calls = []
     monkeypatch.setattr(demo, "run_demo", lambda **kw: calls.append(kw) or {"arms": []})
