@@ -29,10 +29,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..checkpoint.format import Checkpoint, load_checkpoint, save_checkpoint
+from ..checkpoint.format import Checkpoint, save_checkpoint
 from ..config import PerforaConfig, nearest_name
 from ..errors import CheckpointError, ConfigError, OrderError, PerforaError
 from ..growth import GrowthController
+from ..growth.saved_run import load_checkpoint
 from ..growth.state import CONTINUE, Decision
 from ..nn.layers import dendritic_layers, unwrap_model
 from ..nn.perforation import layer_specs, perforate
