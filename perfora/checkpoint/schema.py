@@ -3,9 +3,11 @@
 A checkpoint is read in two steps: the safetensors header (tensor names, dtypes, shapes and
 byte ranges) and the JSON state perfora keeps in its metadata are parsed with limits on size
 and nesting, then checked against the schema below: types, ranges, and agreement between
-the structure and the tensors the file holds. Every failure is a :class:`CheckpointError`
-that names the field, e.g. ``structure['fc1'].num_dendrites: expected an int in 0..4096,
-got -1``. Only then are tensors read.
+the structure and the tensors the file holds. The parts that belong to the floors above are
+checked next to what they describe (the controller's state in :mod:`perfora.growth.state`, a
+rule's in its class) through the ``check_state`` of :func:`validate_meta`. Every failure is
+a :class:`CheckpointError` that names the field, e.g. ``structure['fc1'].num_dendrites:
+expected an int in 0..4096, got -1``. Only then are tensors read.
 """
 
 from __future__ import annotations
