@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING, Any  # noqa: E402
 
 from ._version import __version__
 from .checkpoint.adapter import load_dendrites, save_dendrites  # noqa: E402
-from .checkpoint.format import load_checkpoint  # noqa: E402
 from .checkpoint.model import load_model, save_model  # noqa: E402
 from .config import PerforaConfig  # noqa: E402
 from .errors import (
@@ -27,6 +26,7 @@ from .growth import ControllerState, Decision, GrowthController  # noqa: E402
 from .growth.candidates import GrowthPlan, plan_growth  # noqa: E402
 from .growth.restart import mark_training_complete  # noqa: E402
 from .growth.resume import resume  # noqa: E402
+from .growth.saved_run import load_checkpoint  # noqa: E402
 from .growth.signal import ErrorSignalProbe  # noqa: E402
 from .nn.export import export  # noqa: E402
 from .nn.layers import DendriticLayer, dendritic_layers, unwrap_model  # noqa: E402

@@ -26,11 +26,12 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from ..distributed.collectives import is_distributed, is_rank_zero
 from ..errors import CheckpointError
 from .files import _fsync_folder, atomic_write_text, durable_writes
-from .schema import check_dict, parse_json
+from .schema import check_dict, check_list, check_str, parse_json
 
 DCP_SUFFIX = ".dcp"
 META_FILE = "perfora.json"
@@ -39,6 +40,7 @@ DCP_FORMAT_VERSION = 1
 MAX_META_BYTES = 64 * 1024 * 1024
 MAX_DCP_METADATA_BYTES = 512 * 1024 * 1024
 _NO_DIST_WARNING = "torch.distributed is disabled, unavailable or uninitialized"
+_SHARDED_TENSOR = "Please use DTensor instead"  # FSDP1's state dicts warn on every call
 
 Tensors = dict[str, Any]
 """Groups of tensors (``{"model": {...}, "optim": {fqn: {key: t}}}``), nested as DCP nests."""
@@ -75,6 +77,92 @@ def written_at(path: Path) -> float | None:
             else path.stat().st_mtime
     except OSError:
         return None
+
+
+def newest_checkpoint(paths: list[Path]) -> Path:
+    """The most recently completed of the candidate paths (the first when none exists)."""
+    found = [(t, -i, p) for i, p in enumerate(paths) if (t := written_at(p)) is not None]
+    return max(found)[2] if found else paths[0]
+
+
+# ----------------------------------------------------------------------------- state dicts
+def get_state(module: nn.Module, optimizer: torch.optim.Optimizer | None = None
+              ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(model, optimizer) state by parameter name, as DCP saves them: the FSDP root's are
+    this rank's shards, nothing is gathered (``get_state_dict``)."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_SHARDED_TENSOR)
+        model_sd, optim_sd = get_state_dict(module, [optimizer] if optimizer is not None
+                                            else [])
+    return dict(model_sd), optim_sd
+
+
+def set_state(module: nn.Module, optimizer: torch.optim.Optimizer | None,
+              model_sd: Mapping[str, Any], optim_sd: Mapping[str, Any] | None,
+              source: str) -> None:
+    """``set_state_dict`` with loaded tensors; CheckpointError naming ``source`` when they do
+    not fit the model or the optimizer."""
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
+
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=_SHARDED_TENSOR)
+            if optimizer is not None:
+                set_state_dict(module, [optimizer], model_state_dict=dict(model_sd),
+                               optim_state_dict=optim_sd)
+            else:
+                set_model_state_dict(module, dict(model_sd))
+    except (ValueError, KeyError, RuntimeError) as exc:
+        raise CheckpointError(f"{source}: the saved state does not fit the model or the "
+                              f"optimizer registered now ({exc}); build the same model and "
+                              "register the same optimizer as the saved run") from exc
+
+
+def split_optimizer(optim_sd: Mapping[str, Any]) -> tuple[dict, dict]:
+    """A by-name optimizer state as (tensors {fqn: {key: t}}, JSON: groups + other values)."""
+    tensors: dict[str, dict[str, torch.Tensor]] = {}
+    plain: dict[str, dict[str, Any]] = {}
+    for fqn, entry in optim_sd["state"].items():
+        for key, value in entry.items():
+            if isinstance(value, torch.Tensor):
+                tensors.setdefault(fqn, {})[key] = value
+            else:
+                plain.setdefault(fqn, {})[key] = value
+    groups = [{k: (list(v) if isinstance(v, tuple) else v) for k, v in group.items()}
+              for group in optim_sd["param_groups"]]
+    return tensors, {"state": plain, "param_groups": groups}
+
+
+def join_optimizer(tensors: Mapping[str, Mapping[str, torch.Tensor]],
+                   saved: Mapping[str, Any]) -> dict[str, Any]:
+    """Inverse of :func:`split_optimizer`: the by-name state ``set_state_dict`` takes."""
+    plain = saved.get("state", {})
+    state = {fqn: {**plain.get(fqn, {}), **entry} for fqn, entry in tensors.items()}
+    groups = [{k: (tuple(v) if isinstance(v, list) and k != "params" else v)
+               for k, v in group.items()} for group in saved["param_groups"]]
+    return {"state": state, "param_groups": groups}
+
+
+def check_optimizer_meta(data: Any, tensors: Mapping[str, Any]) -> None:
+    """The JSON half of a by-name optimizer state: groups listing parameter names once, and
+    every saved optimizer tensor (``<name>.<key>``) belonging to one of them."""
+    data = check_dict(data, "optimizer")
+    seen: set[str] = set()
+    for i, group in enumerate(check_list(data.get("param_groups"), "optimizer.param_groups")):
+        group = check_dict(group, f"optimizer.param_groups[{i}]")
+        for j, name in enumerate(check_list(group.get("params"),
+                                            f"optimizer.param_groups[{i}].params")):
+            check_str(name, f"optimizer.param_groups[{i}].params[{j}]")
+            if name in seen:
+                raise CheckpointError(f"optimizer.param_groups[{i}].params[{j}]: {name!r} "
+                                      "is listed twice")
+            seen.add(name)
+    check_dict(data.get("state", {}), "optimizer.state")
+    for key in tensors:
+        if not any(key.startswith(f"{name}.") for name in seen):
+            raise CheckpointError(f"optimizer tensor {key!r} belongs to no parameter group")
 
 
 # ----------------------------------------------------------------------------- writing

@@ -22,7 +22,7 @@ from safetensors.torch import save as st_save
 from ..errors import CheckpointError
 from . import schema as checkpoint_schema
 from .files import atomic_write_bytes
-from .schema import TensorEntry, check_safetensors_header, parse_json, validate_meta
+from .schema import StateCheck, TensorEntry, check_safetensors_header, parse_json, validate_meta
 
 FORMAT = "perfora-checkpoint"
 FORMAT_VERSION = 1
@@ -82,13 +82,16 @@ def _refuse_unsafe(path: Path, head: bytes, size: int) -> None:
                               f"{header_len} bytes but the file has {size}")
 
 
-def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
+def load_checkpoint(path: str | os.PathLike, check_state: StateCheck | None = None
+                    ) -> Checkpoint:
     """Read a checkpoint; corrupt, truncated, pickle, foreign or inconsistent files raise
     CheckpointError naming what is wrong.
 
     The headers are read and checked first (size and nesting caps, every field of perfora's
-    state, tensor shapes and byte ranges against the file size); tensor data is read only
-    then, one tensor at a time, straight into its tensor."""
+    state this floor knows, tensor shapes and byte ranges against the file size; the
+    controller's and rule's state by ``check_state``, see
+    :func:`perfora.checkpoint.schema.validate_meta`); tensor data is read only then, one
+    tensor at a time, straight into its tensor."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"no checkpoint at {path}")
@@ -109,7 +112,7 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
         raw = handle.read(header_len)
         if len(raw) != header_len:
             raise CheckpointError(f"{path} is truncated: the header ends early")
-        meta, entries = _checked_headers(path, raw, size - 8 - header_len)
+        meta, entries = _checked_headers(path, raw, size - 8 - header_len, check_state)
         tensors = _read_tensors(path, handle, entries, 8 + header_len)
     groups: dict[str, dict[str, torch.Tensor]] = {}
     for flat, value in tensors.items():
@@ -118,7 +121,7 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
     return Checkpoint(tensors=groups, meta=meta)
 
 
-def _checked_headers(path: Path, raw: bytes, data_len: int
+def _checked_headers(path: Path, raw: bytes, data_len: int, check_state: StateCheck | None
                      ) -> tuple[dict[str, Any], list[TensorEntry]]:
     """perfora's JSON state and the tensor entries of a safetensors header, both checked."""
     header = parse_json(raw, f"{path}: the safetensors header")
@@ -144,7 +147,7 @@ def _checked_headers(path: Path, raw: bytes, data_len: int
         prefix, _, key = entry.name.partition("/")
         shapes.setdefault(prefix, {})[key] = entry.shape
     try:
-        validate_meta(meta, shapes)
+        validate_meta(meta, shapes, check_state)
     except CheckpointError as exc:
         raise CheckpointError(f"{path}: {exc}") from None
     return meta, entries

@@ -3,17 +3,18 @@
 A checkpoint is read in two steps: the safetensors header (tensor names, dtypes, shapes and
 byte ranges) and the JSON state perfora keeps in its metadata are parsed with limits on size
 and nesting, then checked against the schema below: types, ranges, and agreement between
-the structure and the tensors the file holds. Every failure is a :class:`CheckpointError`
-that names the field, e.g. ``structure['fc1'].num_dendrites: expected an int in 0..4096,
-got -1``. Only then are tensors read.
+the structure and the tensors the file holds. The parts that belong to the floors above are
+checked next to what they describe (the controller's state in :mod:`perfora.growth.state`, a
+rule's in its class) through the ``check_state`` of :func:`validate_meta`. Every failure is
+a :class:`CheckpointError` that names the field, e.g. ``structure['fc1'].num_dendrites:
+expected an int in 0..4096, got -1``. Only then are tensors read.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,8 +34,6 @@ MAX_COUNT = 10**12
 MAX_DIMS = 32
 
 _KINDS = ("linear", "conv", "generic")
-_NUMERIC_COLUMNS = ("val_score", "running_score", "test_score", "lr", "params", "seconds",
-                    "dendrites")
 
 # safetensors dtype names -> torch dtypes (those this torch build has)
 _DTYPE_NAMES = {
@@ -187,7 +186,9 @@ def check_str(value: Any, where: str, *, max_len: int = 4096, optional: bool = F
     return value
 
 
-def _optional(data: Mapping[str, Any], key: str, where: str, check, *args, **kwargs) -> None:
+def check_optional(data: Mapping[str, Any], key: str, where: str, check: Callable[..., Any],
+                   *args: Any, **kwargs: Any) -> None:
+    """``check(data[key], "<where>.<key>", ...)`` when ``data`` has ``key``."""
     if key in data:
         check(data[key], f"{where}.{key}" if where else key, *args, **kwargs)
 
@@ -266,10 +267,10 @@ def validate_structure(specs: Any, where: str = "structure") -> dict[str, Any]:
         n = check_int(spec["num_neurons"], f"{at}.num_neurons", 1, MAX_NEURONS)
         check_int(spec["neuron_axis"], f"{at}.neuron_axis", -MAX_DIMS, MAX_DIMS - 1)
         check_str(spec["activation"], f"{at}.activation", choices=tuple(sorted(_ACTIVATIONS)))
-        _optional(spec, "grouped", at, check_bool)
-        _optional(spec, "kind", at, check_str, choices=_KINDS)
-        _optional(spec, "base_type", at, check_str, max_len=256)
-        _optional(spec, "grouped_with", at, check_str, optional=True)
+        check_optional(spec, "grouped", at, check_bool)
+        check_optional(spec, "kind", at, check_str, choices=_KINDS)
+        check_optional(spec, "base_type", at, check_str, max_len=256)
+        check_optional(spec, "grouped_with", at, check_str, optional=True)
         neurons = spec.get("neurons")
         if neurons is None:
             continue
@@ -336,89 +337,6 @@ def check_structure_tensors(specs: Mapping[str, Any], shapes: Mapping[str, tuple
                 raise CheckpointError(f"{at}: {k} dendrite set(s) feeding {rows} neuron(s) "
                                       f"need {rows} rows in tensor {group}/{prefix}{name}, "
                                       f"got shape {list(bank)}")
-
-
-def validate_controller_state(data: Any, where: str = "controller") -> dict[str, Any]:
-    """The controller state as :meth:`ControllerState.to_dict` writes it."""
-    data = check_dict(data, where)
-    for key in ("epoch", "cycle_start_epoch", "last_improved_epoch", "tries", "additions"):
-        _optional(data, key, where, check_int)
-    _optional(data, "num_dendrites", where, check_int, 0, MAX_DENDRITES)
-    for key in ("cycle_best", "global_best", "best_test"):
-        _optional(data, key, where, check_number, optional=True)
-    for key in ("cycle_set_global_best", "completed"):
-        _optional(data, key, where, check_bool)
-    if data.get("best_epoch") is not None:
-        check_int(data["best_epoch"], f"{where}.best_epoch")
-    for i, score in enumerate(check_list(data.get("cycle_scores", []), f"{where}.cycle_scores")):
-        check_number(score, f"{where}.cycle_scores[{i}]")
-    for i, epoch in enumerate(check_list(data.get("switch_epochs", []),
-                                         f"{where}.switch_epochs")):
-        check_int(epoch, f"{where}.switch_epochs[{i}]")
-    for i, row in enumerate(check_list(data.get("history", []), f"{where}.history")):
-        _check_history_row(row, f"{where}.history[{i}]")
-    arch = check_dict(data.get("arch", {}), f"{where}.arch")
-    for key, entry in arch.items():
-        at = f"{where}.arch[{key!r}]"
-        if not re.fullmatch(r"\d{1,6}", key):
-            raise fail(f"{where}.arch", "dendrite counts as keys", key)
-        entry = check_dict(entry, at)
-        for name in ("dendrites", "params", "epoch"):
-            if name not in entry:
-                raise CheckpointError(f"{at}.{name}: missing")
-            check_int(entry[name], f"{at}.{name}")
-        if "best_val_score" not in entry:
-            raise CheckpointError(f"{at}.best_val_score: missing")
-        check_number(entry["best_val_score"], f"{at}.best_val_score")
-        _optional(entry, "test_score", at, check_number, optional=True)
-    return data
-
-
-def _check_history_row(row: Any, where: str) -> None:
-    row = check_dict(row, where)
-    if "epoch" not in row:
-        raise CheckpointError(f"{where}.epoch: missing")
-    check_int(row["epoch"], f"{where}.epoch")
-    for key, value in row.items():
-        at = f"{where}[{key!r}]"
-        if key in _NUMERIC_COLUMNS or key.startswith(("extra/", "rule/")):
-            check_number(value, at, finite=False, optional=True)
-        elif key in ("phase", "event", "reason"):
-            check_str(value, at, optional=True)
-        elif not (value is None or isinstance(value, bool | int | float | str)):
-            raise fail(at, "a number, string or null", value)
-        if isinstance(value, str) and len(value) > 4096:
-            raise fail(at, "a string of at most 4096 characters", value)
-
-
-def validate_rule_state(data: Any, where: str = "rule",
-                        structure: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """A learning rule's state: the phase, and the correlation rule's counters and trends."""
-    data = check_dict(data, where)
-    _optional(data, "phase", where, check_str, max_len=64)
-    for key in ("neuron_epochs", "dendrite_epochs", "since_best"):
-        _optional(data, key, where, check_int)
-    _optional(data, "cap", where, check_int, 1, MAX_COUNT)
-    _optional(data, "best", where, check_number, optional=True)
-    for path, score in check_dict(data.get("scores", {}), f"{where}.scores").items():
-        check_number(score, f"{where}.scores[{path!r}]", finite=False, optional=True)
-    for i, name in enumerate(check_list(data.get("frozen_outside", []),
-                                        f"{where}.frozen_outside")):
-        check_str(name, f"{where}.frozen_outside[{i}]")
-    for path, trend in check_dict(data.get("trends", {}), f"{where}.trends").items():
-        at = f"{where}.trends[{path!r}]"
-        if trend is None:
-            continue
-        check_list(trend, at)
-        for i, value in enumerate(trend):
-            check_number(value, f"{at}[{i}]", finite=False)
-        if structure is not None:
-            spec = structure.get(path)
-            if spec is None:
-                raise fail(at, "the trend of a layer in the structure", path)
-            if len(trend) != spec["num_neurons"]:
-                raise fail(at, f"one value per neuron ({spec['num_neurons']})", trend)
-    return data
 
 
 def validate_optimizer_meta(data: Any, tensor_keys: list[str],
@@ -502,14 +420,24 @@ def check_like(saved: Any, current: Any, where: str, strict_keys: bool = True) -
             check_like(a, b, f"{where}[{i}]")
 
 
-def validate_meta(meta: Any, shapes: Shapes) -> dict[str, Any]:
+StateCheck = Callable[[Mapping[str, Any], Mapping[str, Any] | None], None]
+"""Checks the parts of perfora's JSON state that belong to the floors above (the controller's
+and the rule's state): ``check(meta, structure)``, CheckpointError naming the field."""
+
+
+def validate_meta(meta: Any, shapes: Shapes, check_state: StateCheck | None = None
+                  ) -> dict[str, Any]:
     """Every part of perfora's JSON state that is present, and its agreement with the tensors.
 
-    Unknown top-level keys are kept (``save_model(path, model, note=...)`` adds some)."""
+    The structure, best structure, optimizer and scheduler are checked here; the controller's
+    and the rule's state by ``check_state`` (the growth controller's reader passes its own,
+    see :func:`perfora.growth.saved_run.check_run_state`), in the order the fields were
+    always checked. Unknown top-level keys are kept (``save_model(path, model, note=...)``
+    adds some)."""
     meta = check_dict(meta, "perfora metadata")
     check_str(meta.get("format"), "format")
     check_int(meta.get("format_version"), "format_version", 1, 2**31)
-    _optional(meta, "perfora_version", "", check_str, max_len=64)
+    check_optional(meta, "perfora_version", "", check_str, max_len=64)
     structure = None
     if "structure" in meta:
         structure = validate_structure(meta["structure"], "structure")
@@ -522,17 +450,15 @@ def validate_meta(meta: Any, shapes: Shapes) -> dict[str, Any]:
             check_structure_tensors(best_structure, shapes["best"], "best_structure", "best")
     if "best" in shapes and best_structure is None:
         raise CheckpointError("best_structure: missing, but the file holds best-model tensors")
-    if "controller" in meta:
-        validate_controller_state(meta["controller"])
-    if "rule" in meta:
-        validate_rule_state(meta["rule"], structure=structure)
+    if check_state is not None:
+        check_state(meta, structure)
     if "config" in meta:
         check_dict(meta["config"], "config")
     if "optimizer" in meta:
         validate_optimizer_meta(meta["optimizer"], list(shapes.get("optimizer", {})))
     elif "optimizer" in shapes:
         raise CheckpointError("optimizer: missing, but the file holds optimizer tensors")
-    _optional(meta, "optimizer_class", "", check_str, max_len=256)
+    check_optional(meta, "optimizer_class", "", check_str, max_len=256)
     if meta.get("scheduler") is not None:
         check_dict(meta["scheduler"], "scheduler")
     return meta

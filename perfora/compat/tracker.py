@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from .._version import __version__
+from ..checkpoint.dcp import DCP_SUFFIX
 from ..checkpoint.files import atomic_write_text
 from ..config import PerforaConfig, nearest_name
 from ..distributed.collectives import is_rank_zero
@@ -51,9 +52,10 @@ class CompatController(GrowthController):
     def checkpoint_path(self, name: str) -> Path:
         """``best`` -> best_model.pt; ``latest``/``switch_N`` -> <name>.pt in the run folder
         (DCP folders keep perfora's names)."""
-        if self.run_dir is None or self._writer.uses_dcp(self):
-            return super().checkpoint_path(name)
-        return self.run_dir / f"{'best_model' if name == 'best' else name}.pt"
+        path = super().checkpoint_path(name)
+        if path.suffix == DCP_SUFFIX:
+            return path
+        return path.with_name(f"{'best_model' if name == 'best' else name}.pt")
 
 
 class PAITracker:

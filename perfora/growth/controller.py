@@ -2,8 +2,8 @@
 
 An explicit object: several can live in one process. A coordinator: the policy decides,
 the surgery changes the model, the optimizer slot rebuilds what trains, the parallel
-backend re-wraps or re-shards, the run writer writes the files, persistence saves and
-restores it.
+backend re-wraps or re-shards, the run writer writes the files, and a checkpointer (a file
+or a DCP folder) writes the run's payload and reads it back for the one restore path here.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from .persistence import CheckpointMethods
 from .placement import check_reported_model
 from .policy import observe
 from .run_writer import RunWriter
+from .saved_run import Checkpointer, RunParts, SavedRun
 from .scores import read_scores, update_arch
 from .signal import ErrorSignalProbe
 from .state import Action, BestSnapshot, ControllerState, Decision
@@ -246,7 +247,7 @@ class GrowthController(OptimizerMethods, CheckpointMethods):
                      improved_best: bool = False) -> Decision:
         row["reason"] = reason if action != Action.CONTINUE else ""
         self.state.history.append(row)
-        self._writer.end_epoch(self, action, improved_best)
+        self._writer.end_epoch(self._parts(), self.checkpoint_path, action, improved_best)
         self._arm_probe()
         self._last_time = time.perf_counter()
         return self._decision(action, reason)
@@ -263,12 +264,12 @@ class GrowthController(OptimizerMethods, CheckpointMethods):
         if self.state.completed:
             raise OrderError("add_dendrites() after training completed")
         self._grow()
-        self._writer.write_switch(self)
+        self._writer.write_switch(self._parts(), self.checkpoint_path)
         return self._decision(Action.RESTRUCTURE, "added on request")
 
     def finish(self) -> None:
         """Write the summary tables and graph now (also done at restructures and the end)."""
-        self._writer.finish(self)
+        self._writer.finish(self._parts(), self.checkpoint_path)
 
     def checkpoint_path(self, name: str) -> Path:
         """Where checkpoint ``name`` (``latest``, ``best``, ``switch_N``) is written in run_dir:
@@ -277,9 +278,40 @@ class GrowthController(OptimizerMethods, CheckpointMethods):
         if self.run_dir is None:
             raise OrderError("no run_dir: give GrowthController(..., run_dir=...) or pass a "
                              "full path")
-        if self._writer.uses_dcp(self):
-            return self._writer.dcp_path(name)
-        return self._writer.checkpoint_path(name)
+        return self._writer.checkpoint_path(name, self.backend)
+
+    # ------------------------------------------------------------------ checkpoints
+    def _parts(self) -> RunParts:
+        """The parts of the run a checkpoint is made of, as they are now."""
+        return RunParts(self.model, self.backend, self.config, self.state, self.rule,
+                        self._slot, self._best, self._writer.history_rows)
+
+    def _restore(self, run: SavedRun, reader: Checkpointer | None = None,
+                 rehearsed: bool = False) -> None:
+        """The one restore path. With a ``reader`` (a file or DCP folder): checked (and
+        rehearsed) first, then its structure and weights, the controller and rule state,
+        the optimizer's; without (a framework's state): the state and best snapshot only.
+        The history before the checkpoint's newest rows is read back from the metrics.csv
+        next to it, and metrics.csv is rewritten with the rows up to its epoch."""
+        state, best = run.state(), run.best
+        if reader is not None:
+            reader.check(self._parts(), run, rehearsed)
+            self._unshard()
+            reader.load_structure(self.model, run)
+            state.num_dendrites = self._layer_dendrites()  # "best" may hold fewer than the run
+        self.state = state
+        self.rule.load_state_dict(run.rule, self._layers())
+        if reader is not None:
+            self._rebuild_after_change()  # re-shard / re-wrap, rebuild the optimizer
+            best = reader.load_rest(self._parts(), run)
+            if self.scheduler is not None and run.scheduler is not None:
+                self.scheduler.load_state_dict(run.scheduler)
+        self._best, self._writer.best_unsaved = best, False
+        if self._writer.report is not None:
+            self.state.history = self._writer.report.resume_history(
+                self.state.history, self.state.epoch, run.metrics)
+        self._arm_probe()
+        self._last_time = time.perf_counter()
 
     def match_structure(self, specs: Mapping[str, Mapping[str, Any]]) -> nn.Module:
         """Give the model a saved dendrite structure before its weights are loaded elsewhere.

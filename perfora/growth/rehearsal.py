@@ -15,26 +15,47 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..checkpoint.format import Checkpoint
 from ..checkpoint.model_state import rehearse_load, shadow_copy
 from ..checkpoint.optimizer_state import join_optimizer_state
-from ..checkpoint.schema import check_like, validate_controller_state
+from ..checkpoint.schema import check_like, validate_structure
 from ..config import PerforaConfig
 from ..errors import CheckpointError, ConversionError
 from ..nn.layers import dendritic_layers
-from ..nn.perforation import fit_structure
-from ..rules import make_rule
+from ..nn.perforation import fit_structure, layer_specs
+from ..parallel.base import ParallelBackend
+from ..rules import make_rule, validate_rule_state
 from .optim import OptimizerRecipe, SchedulerRecipe, step_scheduler
-from .state import ControllerState
+from .saved_run import FRAMEWORK_SOURCE, SavedRun
 from .surgery import apply_activation
 
 
-def checked_state(data: Any, source: str = "the saved perfora state") -> ControllerState:
-    """A ControllerState from checked JSON (CheckpointError naming the field otherwise)."""
+def framework_state(meta: Any, best: Mapping[str, torch.Tensor] | None, model: nn.Module,
+                    backend: ParallelBackend, config: PerforaConfig) -> SavedRun:
+    """The run state a framework saved (Lightning, HF Trainer: :meth:`state_dict` plus
+    ``best_structure``, and the best snapshot's tensors), checked and rehearsed on a
+    weightless copy of ``model`` (which has the saved structure already): CheckpointError
+    before anything changes when it is malformed or does not fit."""
+    if not isinstance(meta, Mapping) or "controller" not in meta:
+        raise CheckpointError("the saved perfora state has no controller entry")
+    source = FRAMEWORK_SOURCE
+    run = SavedRun(structure=layer_specs(model), controller=meta["controller"],
+                   rule=meta.get("rule", {}), best_structure=meta.get("best_structure"))
+    run.state()  # checked first
     try:
-        return ControllerState.from_dict(validate_controller_state(data))
+        validate_rule_state(run.rule, structure=run.structure)
+        if run.best_structure is not None:
+            run.best_structure = validate_structure(run.best_structure, "best_structure")
     except CheckpointError as exc:
         raise CheckpointError(f"{source}: {exc}") from None
+    shadow = backend.shadow(model)
+    if shadow is not None:
+        rehearse_rule(shadow, config, run.rule, source)
+        if best is not None and run.best_structure is not None:
+            fit_structure(shadow, run.best_structure, "the saved best structure")
+            rehearse_load(shadow, best, "the saved best snapshot")
+    if best is not None and run.best_structure is not None:
+        run.best_tensors = dict(best)
+    return run
 
 
 def rehearse_rule(shadow: nn.Module, config: PerforaConfig, state: Mapping[str, Any],
@@ -55,7 +76,7 @@ def rehearse_rule(shadow: nn.Module, config: PerforaConfig, state: Mapping[str, 
     return True
 
 
-def rehearse_checkpoint(model: nn.Module, ckpt: Checkpoint, source: str, config: PerforaConfig,
+def rehearse_checkpoint(model: nn.Module, run: SavedRun, config: PerforaConfig,
                         optimizer: OptimizerRecipe | None = None,
                         scheduler: SchedulerRecipe | None = None,
                         activation: str | None = None) -> None:
@@ -65,35 +86,34 @@ def rehearse_checkpoint(model: nn.Module, ckpt: Checkpoint, source: str, config:
     the structure, the weights, the rule state, the optimizer and scheduler state, and the
     best snapshot are each fitted to the copy. Does nothing for models that cannot be
     copied (sharded ones): then the file's own checks are all that runs first."""
-    meta = ckpt.meta
+    source = run.source
     shadow = shadow_copy(model)
     if shadow is None:
         return
-    fit_structure(shadow, meta["structure"], source)
+    fit_structure(shadow, run.structure, source)
     if activation is not None:
         try:
             apply_activation(dendritic_layers(shadow), activation)
         except ConversionError as exc:
             raise CheckpointError(f"{source}: {exc}") from exc
-    rehearse_load(shadow, ckpt.tensors.get("model", {}), source)
-    ruled = rehearse_rule(shadow, config, meta.get("rule", {}), source)
+    rehearse_load(shadow, run.model, source)
+    ruled = rehearse_rule(shadow, config, run.rule, source)
     if optimizer is not None and ruled:  # (the trainable flags come from the rule)
-        _rehearse_optimizer(shadow, ckpt, source, config, optimizer, scheduler)
-    if "best" in ckpt.tensors:
-        fit_structure(shadow, meta["best_structure"], f"{source} (best_structure)")
-        rehearse_load(shadow, ckpt.tensors["best"], f"{source} (best snapshot)")
+        _rehearse_optimizer(shadow, run, config, optimizer, scheduler)
+    if run.best_tensors is not None:
+        fit_structure(shadow, run.best_structure, f"{source} (best_structure)")
+        rehearse_load(shadow, run.best_tensors, f"{source} (best snapshot)")
 
 
-def _rehearse_optimizer(shadow: nn.Module, ckpt: Checkpoint, source: str,
-                        config: PerforaConfig, optimizer: OptimizerRecipe,
-                        scheduler: SchedulerRecipe | None) -> None:
+def _rehearse_optimizer(shadow: nn.Module, run: SavedRun, config: PerforaConfig,
+                        optimizer: OptimizerRecipe, scheduler: SchedulerRecipe | None) -> None:
     """Load the saved optimizer and scheduler state into fresh ones over the shadow model,
     then take one step with zero gradients (on the meta device: no memory, no values).
 
     Where a fresh optimizer can step on the meta device (Adam, SGD...), a saved state that
     would break the first real step (a missing key, a moment of another shape or dtype)
     is refused now; the others get the checks ``load_state_dict`` does."""
-    meta = ckpt.meta
+    source = run.source
 
     def refuse(exc: Exception, what: str = "optimizer") -> CheckpointError:
         return CheckpointError(f"{source}: the {what} state does not fit the {what} "
@@ -114,8 +134,8 @@ def _rehearse_optimizer(shadow: nn.Module, ckpt: Checkpoint, source: str,
         return
     can_step = _meta_step(reference)
     opt = fresh()
-    if "optimizer" in meta:
-        saved = join_optimizer_state(ckpt.tensors.get("optimizer", {}), meta["optimizer"])
+    if run.optimizer is not None:
+        saved = join_optimizer_state(run.optimizer_tensors, run.optimizer)
         saved_ids = [i for group in saved["param_groups"] for i in group["params"]]
         params = [p for group in opt.param_groups for p in group["params"]]
         real = {i for i, p in zip(saved_ids, params, strict=False) if p.device.type != "meta"}
@@ -144,15 +164,15 @@ def _rehearse_optimizer(shadow: nn.Module, ckpt: Checkpoint, source: str,
                 _meta_step(opt, strict=True)
             except Exception as exc:
                 raise refuse(exc) from exc
-    if scheduler is None or meta.get("scheduler") is None:
+    if scheduler is None or run.scheduler is None:
         return
     try:
         sched = scheduler.build(opt)
     except Exception:  # the real build raises the same error, with the real model
         return
     try:
-        check_like(meta["scheduler"], sched.state_dict(), "scheduler")
-        sched.load_state_dict(copy.deepcopy(meta["scheduler"]))
+        check_like(run.scheduler, sched.state_dict(), "scheduler")
+        sched.load_state_dict(copy.deepcopy(run.scheduler))
         if can_step:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")

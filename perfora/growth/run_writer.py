@@ -11,35 +11,27 @@ there the decision never depends on time.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
 from .._version import __version__
-from ..checkpoint.dcp import DCP_SUFFIX, copy_dcp
-from ..checkpoint.files import atomic_write_bytes
-from ..checkpoint.format import encode_checkpoint, to_storable
+from ..checkpoint.dcp import DCP_SUFFIX
+from ..checkpoint.format import to_storable
 from ..config import PerforaConfig
 from ..distributed.collectives import is_rank_zero
-from .dcp_checkpoint import DCP, resolve_format, save_dcp_checkpoint, warn_single_process
+from ..parallel.base import ParallelBackend
+from .checkpointer import checkpointer_for, warn_single_process
+from .file_checkpointer import FILE_SUFFIX
 from .report import RunReport
-from .state import CONTINUE, RESTRUCTURE
+from .saved_run import Captured, Checkpointer, RunParts, saved_run
+from .state import CONTINUE, RESTRUCTURE, ControllerState
 
-if TYPE_CHECKING:
-    from .controller import GrowthController
-
-CHECKPOINT_SUFFIX = ".safetensors"
-
-
-@dataclass(frozen=True)
-class Gathered:
-    """The full model and optimizer state, gathered once on every rank for one write (FSDP)."""
-
-    model: dict[str, torch.Tensor]
-    optimizer: tuple[dict[str, torch.Tensor], dict] | None
-    best: dict[str, torch.Tensor] | None  # the best snapshot whole (FSDP2 keeps shards)
+CheckpointPaths = Callable[[str], Path]
+"""Where checkpoint ``name`` (``latest``, ``best``, ``switch_N``) goes: the controller's
+``checkpoint_path`` (the compat controller names them as PerforatedAI does)."""
 
 
 class RunWriter:
@@ -51,7 +43,6 @@ class RunWriter:
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.write_files = write_files
         self.best_unsaved = False  # the best snapshot changed since "best" was written
-        self.gathered: Gathered | None = None  # set only while a sharded write is under way
         self._last_write = time.perf_counter()
         self._write_cost = 0.0
         self._warned_format = False
@@ -71,6 +62,12 @@ class RunWriter:
         """True when checkpoints are written (on rank 0; every rank gathers for them)."""
         return self.run_dir is not None and self.write_files and self.config.save_checkpoints
 
+    @property
+    def history_rows(self) -> int | None:
+        """History rows a checkpoint keeps: with a run folder metrics.csv holds every row
+        (``history_lookback`` are enough); without one the checkpoint holds them all."""
+        return self.config.history_lookback if self.report is not None else None
+
     def due(self, action: str, epoch: int, sharded: bool) -> bool:
         """Whether this epoch's report writes checkpoints: restructures and the end always,
         plain epochs every ``latest_every`` when the time budget allows (not when sharded:
@@ -87,141 +84,101 @@ class RunWriter:
             return True
         return time.perf_counter() - self._last_write >= self._write_cost / budget
 
-    def checkpoint_path(self, name: str) -> Path:
+    def file_path(self, name: str) -> Path:
         """``run_dir/<name>.safetensors``."""
         assert self.run_dir is not None
-        return self.run_dir / f"{name}{CHECKPOINT_SUFFIX}"
+        return self.run_dir / f"{name}{FILE_SUFFIX}"
 
     def dcp_path(self, name: str) -> Path:
         """``run_dir/<name>.dcp`` (a DCP checkpoint folder)."""
         assert self.run_dir is not None
         return self.run_dir / f"{name}{DCP_SUFFIX}"
 
-    def uses_dcp(self, ctl: GrowthController) -> bool:
-        """True when checkpoints are DCP folders now (``checkpoint_format``, the backend and
-        the world size decide; the same on every rank)."""
+    def checkpointer(self, backend: ParallelBackend) -> Checkpointer:
+        """What writes this run's checkpoints now (``checkpoint_format``, the backend and the
+        world size decide; the same on every rank)."""
         setting = self.config.checkpoint_format
         if not self._warned_format and self.saves_checkpoints:
             self._warned_format = warn_single_process(setting)
-        return resolve_format(setting, ctl.backend) == DCP
+        return checkpointer_for(None, setting, backend)
 
-    def gather(self, ctl: GrowthController, due: bool) -> None:
-        """Sharded and due: gather the full model and optimizer state on every rank."""
-        if due and ctl.backend.sharded and self.saves_checkpoints:
-            optimizer = self.optimizer_state(ctl)
-            self.gathered = Gathered(to_storable(ctl.backend.full_state(ctl.model)), optimizer,
-                                     self.best_state(ctl))
+    def checkpoint_path(self, name: str, backend: ParallelBackend) -> Path:
+        """Where checkpoint ``name`` goes in run_dir in the format in force."""
+        assert self.run_dir is not None
+        return self.run_dir / f"{name}{self.checkpointer(backend).suffix}"
 
-    def model_state(self, ctl: GrowthController) -> dict[str, torch.Tensor]:
-        """The full model state: gathered for this write, or read now (sharded: collective)."""
-        if self.gathered is not None:
-            return self.gathered.model
-        return ctl.backend.full_state(ctl.model)
+    def gather(self, parts: RunParts, checkpointer: Checkpointer, due: bool
+               ) -> Captured | None:
+        """Sharded, due and written whole: the full model and optimizer state, gathered once
+        on every rank (a collective) for rank 0's writes."""
+        if due and parts.backend.sharded and self.saves_checkpoints \
+                and not checkpointer.collective:
+            captured = checkpointer.capture(parts)
+            return replace(captured, model=to_storable(captured.model))
+        return None
 
-    def best_state(self, ctl: GrowthController) -> dict[str, torch.Tensor] | None:
-        """The best snapshot's tensors whole: gathered for this write, or now (a collective
-        under FSDP2, whose snapshots hold each rank's shards)."""
-        if self.gathered is not None:
-            return self.gathered.best
-        return None if ctl._best is None else ctl.backend.whole(ctl._best.tensors)
-
-    def optimizer_state(self, ctl: GrowthController
-                        ) -> tuple[dict[str, torch.Tensor], dict] | None:
-        """(tensors, JSON) of the optimizer state (under FSDP2 full tensors by parameter
-        name, so a resumed run matches entries whatever order its optimizer has); None
-        without an optimizer, or when it is stale (it holds replaced parameters)."""
-        if ctl.optimizer is None:
-            return None
-        if self.gathered is not None:  # gathered together with the model
-            return self.gathered.optimizer
-        return ctl.backend.optimizer_state(ctl.optimizer, ctl.model)
-
-    def end_epoch(self, ctl: GrowthController, action: str, improved_best: bool) -> None:
+    def end_epoch(self, parts: RunParts, paths: CheckpointPaths, action: str,
+                  improved_best: bool) -> None:
         """After one report: metrics, checkpoints when due, summaries after a decision."""
-        dcp = self.uses_dcp(ctl)
-        due = self.due(action, ctl.state.epoch, ctl.backend.sharded or dcp)
-        if not dcp:
-            self.gather(ctl, due)
-        try:
-            if self.writes:
-                assert self.report is not None
-                self.report.write_metrics(ctl.state.history)
-            if self.saves_checkpoints and (dcp or self.writes):
-                self.best_unsaved |= improved_best
-                if due:
-                    self.write_checkpoints(ctl, action, dcp)
-            if self.writes and action != CONTINUE:
-                self.write_summaries(ctl)
-        finally:
-            self.gathered = None
+        checkpointer = self.checkpointer(parts.backend)
+        collective = checkpointer.collective
+        due = self.due(action, parts.state.epoch, parts.backend.sharded or collective)
+        gathered = self.gather(parts, checkpointer, due)
+        if self.writes:
+            assert self.report is not None
+            self.report.write_metrics(parts.state.history)
+        if self.saves_checkpoints and (collective or self.writes):
+            self.best_unsaved |= improved_best
+            if due:
+                self.write_checkpoints(parts, paths, action, checkpointer, gathered)
+        if self.writes and action != CONTINUE:
+            self.write_summaries(parts.state)
 
-    def write_switch(self, ctl: GrowthController) -> None:
+    def write_switch(self, parts: RunParts, paths: CheckpointPaths) -> None:
         """After a growth on request: switch_N (gathered first when sharded; a DCP folder
         written by every rank)."""
-        name = f"switch_{len(ctl.state.switch_epochs)}"
-        if self.uses_dcp(ctl):
+        name = f"switch_{len(parts.state.switch_epochs)}"
+        checkpointer = self.checkpointer(parts.backend)
+        if checkpointer.collective:
             if self.saves_checkpoints:
-                save_dcp_checkpoint(ctl, self.dcp_path(name))
+                checkpointer.write(saved_run(parts, checkpointer.capture(parts)), [paths(name)])
             return
-        self.gather(ctl, True)
-        try:
-            if self.writes:
-                ctl.save(ctl.checkpoint_path(name))
-        finally:
-            self.gathered = None
+        gathered = self.gather(parts, checkpointer, True)
+        if self.writes:
+            captured = gathered or checkpointer.capture(parts)
+            checkpointer.write(saved_run(parts, captured), [paths(name)])
 
-    def finish(self, ctl: GrowthController) -> None:
+    def finish(self, parts: RunParts, paths: CheckpointPaths) -> None:
         """latest and the summaries now (also written at restructures and the end)."""
-        has_history = bool(ctl.state.history)
-        dcp = self.uses_dcp(ctl)
-        if not dcp:
-            self.gather(ctl, has_history)
-        try:
-            if self.saves_checkpoints and has_history and (dcp or self.writes):
-                self.write_checkpoints(ctl, CONTINUE, dcp)
-            if self.writes:
-                self.write_summaries(ctl)
-        finally:
-            self.gathered = None
+        has_history = bool(parts.state.history)
+        checkpointer = self.checkpointer(parts.backend)
+        gathered = self.gather(parts, checkpointer, has_history)
+        if self.saves_checkpoints and has_history and (checkpointer.collective or self.writes):
+            self.write_checkpoints(parts, paths, CONTINUE, checkpointer, gathered)
+        if self.writes:
+            self.write_summaries(parts.state)
 
-    def write_summaries(self, ctl: GrowthController) -> None:
+    def write_summaries(self, state: ControllerState) -> None:
         """best_arch_scores.csv and history.png."""
         if self.report is None:
             return
-        st = ctl.state
-        self.report.write_arch_table([st.arch[k] for k in sorted(st.arch, key=int)])
-        self.report.draw_history(st.history, st.switch_epochs, self.config.maximize)
+        self.report.write_arch_table([state.arch[k] for k in sorted(state.arch, key=int)])
+        self.report.draw_history(state.history, state.switch_epochs, self.config.maximize)
 
-    def write_checkpoints(self, ctl: GrowthController, action: str, dcp: bool = False) -> None:
-        """latest (+ switch_N at a restructure, + best if it changed), each encoded once."""
-        if dcp:
-            self.write_dcp_checkpoints(ctl, action)
-            return
+    def write_checkpoints(self, parts: RunParts, paths: CheckpointPaths, action: str,
+                          checkpointer: Checkpointer, gathered: Captured | None = None) -> None:
+        """latest (+ switch_N at a restructure, + best if it changed), each encoded once (a
+        DCP folder: written by every rank, switch_N hard links to latest's files)."""
         start = time.perf_counter()
-        data = encode_checkpoint(ctl.to_checkpoint())
+        captured = gathered or checkpointer.capture(parts)
+        names = ["latest"]
         if action == RESTRUCTURE:
-            atomic_write_bytes(ctl.checkpoint_path(f"switch_{len(ctl.state.switch_epochs)}"),
-                               data)
-        atomic_write_bytes(ctl.checkpoint_path("latest"), data)
-        if self.best_unsaved and ctl._best is not None:
+            names.insert(0, f"switch_{len(parts.state.switch_epochs)}")
+        checkpointer.write(saved_run(parts, captured), [paths(name) for name in names])
+        if self.best_unsaved and parts.best is not None:
             # "best" holds the best model itself, even if the model grew since
-            best = encode_checkpoint(ctl.to_checkpoint(model_from_best=True))
-            atomic_write_bytes(ctl.checkpoint_path("best"), best)
-            self.best_unsaved = False
-        self._last_write = time.perf_counter()
-        self._write_cost = self._last_write - start
-
-
-    def write_dcp_checkpoints(self, ctl: GrowthController, action: str) -> None:
-        """latest (+ switch_N at a restructure: hard links to latest's files, + best if it
-        changed) as DCP folders; every rank writes its shards (a collective)."""
-        start = time.perf_counter()
-        latest = self.dcp_path("latest")
-        save_dcp_checkpoint(ctl, latest)
-        if action == RESTRUCTURE:
-            copy_dcp(latest, self.dcp_path(f"switch_{len(ctl.state.switch_epochs)}"))
-        if self.best_unsaved and ctl._best is not None:
-            save_dcp_checkpoint(ctl, self.dcp_path("best"), model_from_best=True)
+            checkpointer.write(saved_run(parts, captured, model_from_best=True),
+                               [paths("best")])
             self.best_unsaved = False
         self._last_write = time.perf_counter()
         self._write_cost = self._last_write - start

@@ -1,4 +1,5 @@
-"""What the controller knows: its JSON-able state, the best snapshot, actions and decisions."""
+"""What the controller knows: its JSON-able state (and the checks a saved one passes), the
+best snapshot, actions and decisions."""
 
 from __future__ import annotations
 
@@ -6,15 +7,28 @@ import copy
 import dataclasses
 import math
 import numbers
-from collections.abc import Mapping
+import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from functools import partial
 from typing import Any
 
 import torch
 from torch import nn
 
-from ..errors import ScoreError
+from ..checkpoint.schema import (
+    MAX_DENDRITES,
+    check_bool,
+    check_dict,
+    check_int,
+    check_list,
+    check_number,
+    check_optional,
+    check_str,
+    fail,
+)
+from ..errors import CheckpointError, ScoreError
 
 
 class Action(StrEnum):
@@ -54,6 +68,47 @@ class Decision:
         return self.action == COMPLETE
 
 
+_NUMERIC_COLUMNS = ("val_score", "running_score", "test_score", "lr", "params", "seconds",
+                    "dendrites")
+
+
+def _check_history(rows: Any, where: str) -> None:
+    """History rows: flat dicts with an ``epoch``, numbers in the numeric columns."""
+    for i, row in enumerate(check_list(rows, where)):
+        at = f"{where}[{i}]"
+        row = check_dict(row, at)
+        if "epoch" not in row:
+            raise CheckpointError(f"{at}.epoch: missing")
+        check_int(row["epoch"], f"{at}.epoch")
+        for key, value in row.items():
+            cell = f"{at}[{key!r}]"
+            if key in _NUMERIC_COLUMNS or key.startswith(("extra/", "rule/")):
+                check_number(value, cell, finite=False, optional=True)
+            elif key in ("phase", "event", "reason"):
+                check_str(value, cell, optional=True)
+            elif not (value is None or isinstance(value, bool | int | float | str)):
+                raise fail(cell, "a number, string or null", value)
+            if isinstance(value, str) and len(value) > 4096:
+                raise fail(cell, "a string of at most 4096 characters", value)
+
+
+def _check_arch(arch: Any, where: str) -> None:
+    """The best score of each architecture, keyed by its dendrite count."""
+    for key, entry in check_dict(arch, where).items():
+        at = f"{where}[{key!r}]"
+        if not re.fullmatch(r"\d{1,6}", key):
+            raise fail(where, "dendrite counts as keys", key)
+        entry = check_dict(entry, at)
+        for name in ("dendrites", "params", "epoch"):
+            if name not in entry:
+                raise CheckpointError(f"{at}.{name}: missing")
+            check_int(entry[name], f"{at}.{name}")
+        if "best_val_score" not in entry:
+            raise CheckpointError(f"{at}.best_val_score: missing")
+        check_number(entry["best_val_score"], f"{at}.best_val_score")
+        check_optional(entry, "test_score", at, check_number, optional=True)
+
+
 @dataclass
 class ControllerState:
     """Everything the controller decides from; JSON-able, saved in every checkpoint.
@@ -70,13 +125,16 @@ class ControllerState:
     global_best: float | None = None
     best_epoch: int | None = None
     best_test: float | None = None
-    num_dendrites: int = 0
+    num_dendrites: int = field(default=0, metadata={
+        "check": partial(check_int, low=0, high=MAX_DENDRITES)})
     tries: int = 0
     additions: int = 0
     completed: bool = False
     switch_epochs: list[int] = field(default_factory=list)
-    history: list[dict[str, Any]] = field(default_factory=list)
-    arch: dict[str, dict[str, Any]] = field(default_factory=dict)
+    history: list[dict[str, Any]] = field(default_factory=list,
+                                          metadata={"check": _check_history})
+    arch: dict[str, dict[str, Any]] = field(default_factory=dict,
+                                            metadata={"check": _check_arch})
 
     def to_dict(self, history_rows: int | None = None) -> dict[str, Any]:
         """A shallow copy as a dict: rows are flat dicts of numbers (no deep copy of history).
@@ -96,6 +154,49 @@ class ControllerState:
         """The state from a dict, ignoring unknown keys (files of newer versions)."""
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in names})
+
+    @classmethod
+    def from_saved(cls, data: Any, source: str = "the saved perfora state") -> ControllerState:
+        """The state from JSON a checkpoint holds, every field checked first (CheckpointError
+        naming ``source`` and the field otherwise)."""
+        try:
+            return cls.from_dict(validate_controller_state(data))
+        except CheckpointError as exc:
+            raise CheckpointError(f"{source}: {exc}") from None
+
+
+def _optional_int(value: Any, where: str) -> None:
+    if value is not None:
+        check_int(value, where)
+
+
+def _each(check: Callable[[Any, str], Any]) -> Callable[[Any, str], None]:
+    def check_items(values: Any, where: str) -> None:
+        for i, value in enumerate(check_list(values, where)):
+            check(value, f"{where}[{i}]")
+    return check_items
+
+
+_CHECK_BY_TYPE: dict[str, Callable[[Any, str], Any]] = {
+    "int": check_int, "bool": check_bool, "int | None": _optional_int,
+    "float | None": partial(check_number, optional=True),
+    "list[int]": _each(check_int), "list[float]": _each(check_number)}
+_FIELD_CHECKS: dict[str, Callable[[Any, str], Any]] = {
+    f.name: f.metadata.get("check") or _CHECK_BY_TYPE[f.type]
+    for f in dataclasses.fields(ControllerState)}
+"""How each saved field of :class:`ControllerState` is checked: by its type (counters are
+ints >= 0, scores finite numbers), or by the check its field declares."""
+
+
+def validate_controller_state(data: Any, where: str = "controller") -> dict[str, Any]:
+    """The controller state as :meth:`ControllerState.to_dict` writes it: every field that is
+    present checked (CheckpointError naming it, e.g. ``controller.epoch``); unknown keys
+    (files of newer versions) are left alone."""
+    data = check_dict(data, where)
+    for name, check in _FIELD_CHECKS.items():
+        if name in data:
+            check(data[name], f"{where}.{name}")
+    return data
 
 
 @dataclass

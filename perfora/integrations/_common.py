@@ -17,10 +17,11 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from ..checkpoint.format import Checkpoint, load_checkpoint, save_checkpoint
+from ..checkpoint.format import Checkpoint, save_checkpoint
 from ..config import PerforaConfig, nearest_name
 from ..errors import CheckpointError, ConfigError
 from ..growth import Decision, GrowthController
+from ..growth.saved_run import load_checkpoint
 from ..nn.layers import dendritic_layers
 from ..nn.perforation import layer_specs, perforate
 

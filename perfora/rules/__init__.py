@@ -3,6 +3,9 @@ the :class:`LearningRule` interface, so a new rule plugs in without touching it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from .base import LearningRule, RuleStep
 from .correlation import CorrelationRule
 from .gradient import GradientDescentRule
@@ -26,5 +29,14 @@ def make_rule(name: str, config) -> LearningRule:
     return _RULES[name](config)
 
 
+def validate_rule_state(data: Any, where: str = "rule",
+                        structure: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """A saved rule state, checked against the fields of every rule perfora ships (a file may
+    come from a run of either rule, whatever rule loads it): CheckpointError naming the field."""
+    for rule in (GradientDescentRule, CorrelationRule):
+        data = rule.validate_state(data, where, structure)
+    return data
+
+
 __all__ = ["LearningRule", "RuleStep", "GradientDescentRule", "CorrelationRule", "register_rule",
-           "available_rules", "make_rule"]
+           "available_rules", "make_rule", "validate_rule_state"]

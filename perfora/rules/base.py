@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..checkpoint.schema import check_dict, check_optional, check_str
 from ..nn.layers import DendriticLayer
 
 
@@ -57,6 +58,16 @@ class LearningRule:
     def state_dict(self) -> dict[str, Any]:
         """JSON-able state, saved in checkpoints."""
         return {"phase": self.phase}
+
+    @classmethod
+    def validate_state(cls, data: Any, where: str = "rule",
+                       structure: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """A saved state of this rule, checked before it is loaded: CheckpointError naming the
+        field (``rule.phase``) otherwise. ``structure``: the model's, for per-layer entries.
+        Subclasses check their own fields and call this."""
+        data = check_dict(data, where)
+        check_optional(data, "phase", where, check_str, max_len=64)
+        return data
 
     def load_state_dict(self, state: Mapping[str, Any],
                         layers: Mapping[str, DendriticLayer]) -> None:

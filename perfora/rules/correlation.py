@@ -22,6 +22,16 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..checkpoint.schema import (
+    MAX_COUNT,
+    check_dict,
+    check_int,
+    check_list,
+    check_number,
+    check_optional,
+    check_str,
+    fail,
+)
 from ..distributed.collectives import all_reduce_values, is_distributed
 from ..nn.layers import DendriticLayer
 from .base import LearningRule, RuleStep
@@ -278,6 +288,34 @@ class CorrelationRule(LearningRule):
                 "scores": {k: (v if math.isfinite(v) else None) for k, v in self.scores.items()},
                 "frozen_outside": list(self.frozen_outside),
                 "trends": {path: tap.state() for path, tap in self._taps.items()}}
+
+    @classmethod
+    def validate_state(cls, data: Any, where: str = "rule",
+                       structure: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The phase, the phase counters, the scores and one trend per neuron of each layer."""
+        data = super().validate_state(data, where, structure)
+        for key in ("neuron_epochs", "dendrite_epochs", "since_best"):
+            check_optional(data, key, where, check_int)
+        check_optional(data, "cap", where, check_int, 1, MAX_COUNT)
+        check_optional(data, "best", where, check_number, optional=True)
+        for path, score in check_dict(data.get("scores", {}), f"{where}.scores").items():
+            check_number(score, f"{where}.scores[{path!r}]", finite=False, optional=True)
+        for i, name in enumerate(check_list(data.get("frozen_outside", []),
+                                            f"{where}.frozen_outside")):
+            check_str(name, f"{where}.frozen_outside[{i}]")
+        for path, trend in check_dict(data.get("trends", {}), f"{where}.trends").items():
+            at = f"{where}.trends[{path!r}]"
+            if trend is None:
+                continue
+            for i, value in enumerate(check_list(trend, at)):
+                check_number(value, f"{at}[{i}]", finite=False)
+            if structure is not None:
+                spec = structure.get(path)
+                if spec is None:
+                    raise fail(at, "the trend of a layer in the structure", path)
+                if len(trend) != spec["num_neurons"]:
+                    raise fail(at, f"one value per neuron ({spec['num_neurons']})", trend)
+        return data
 
     def load_state_dict(self, state: Mapping[str, Any],
                         layers: Mapping[str, DendriticLayer]) -> None:

@@ -16,7 +16,7 @@ from torch import nn
 import perfora
 from perfora.checkpoint.dcp import META_FILE
 from perfora.errors import CheckpointError, ConfigError
-from perfora.growth.dcp_checkpoint import format_of, resolve_format
+from perfora.growth.checkpointer import checkpointer_for, resolve_format
 from perfora.growth.restart import newest_switch
 from perfora.parallel import backend_of
 
@@ -61,8 +61,9 @@ def test_one_process_writes_files_whatever_the_setting(tmp_path):
     backend = backend_of(perfora.perforate(_model()))
     for setting in ("auto", "file", "dcp"):
         assert resolve_format(setting, backend) == "file"
-    assert format_of(tmp_path / "x.dcp", "file", backend) == "dcp"
-    assert format_of(tmp_path / "x.safetensors", "dcp", backend) == "file"
+    assert checkpointer_for(tmp_path / "x.dcp", "file", backend).format == "dcp"
+    assert checkpointer_for(tmp_path / "x.safetensors", "dcp", backend).format == "file"
+    assert checkpointer_for(tmp_path / "x.dcp").format == "dcp"  # reading: the name says it
     with pytest.warns(UserWarning, match="checkpoint_format='dcp'") as caught:
         ctl = _grown(tmp_path / "run", checkpoint_format="dcp")
         ctl.step(0.1)

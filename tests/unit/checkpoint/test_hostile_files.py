@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import atexit
 import copy
+import dataclasses
 import json
 import math
 import os
@@ -23,7 +24,13 @@ from hypothesis import strategies as st
 from torch import nn
 
 import perfora
-from perfora import CheckpointError, GrowthController, ShapeMismatchError, load_checkpoint
+from perfora import (
+    CheckpointError,
+    ControllerState,
+    GrowthController,
+    ShapeMismatchError,
+    load_checkpoint,
+)
 from perfora.checkpoint import files as ckpt_module
 from perfora.checkpoint import schema as checkpoint_schema
 from perfora.checkpoint.files import append_text, remove_stale_temp_files
@@ -207,6 +214,14 @@ def test_controller_fields_are_checked(tmp_path: Path, field: str, bad: Any,
         meta["controller"][field] = bad
 
     assert expected in load_error(tmp_path, mutate)
+
+
+@pytest.mark.parametrize("field", [f.name for f in dataclasses.fields(ControllerState)])
+def test_every_saved_controller_field_is_checked(tmp_path: Path, field: str) -> None:
+    def mutate(meta: dict) -> None:
+        meta["controller"][field] = "x"
+
+    assert f"controller.{field}: expected" in load_error(tmp_path, mutate)
 
 
 @pytest.mark.parametrize(("mutate", "expected"), [

@@ -10,7 +10,6 @@ from torch import nn
 
 import perfora
 from perfora.checkpoint import format as ckpt_module
-from perfora.growth import persistence
 
 
 def _run(tmp_path: Path) -> perfora.GrowthController:
@@ -37,11 +36,11 @@ def test_from_checkpoint_reads_once_and_matches_resume(tmp_path: Path,
     reads: list[Path] = []
     real = ckpt_module.load_checkpoint
 
-    def counting(p):
+    def counting(p, *args):
         reads.append(Path(p))
-        return real(p)
+        return real(p, *args)
 
-    monkeypatch.setattr(persistence, "load_checkpoint", counting)
+    monkeypatch.setattr(ckpt_module, "load_checkpoint", counting)
     a = perfora.GrowthController.from_checkpoint(path, _fresh(), optimizer=torch.optim.Adam,
                                                  optimizer_args={"lr": 1e-2})
     assert reads == [path]
