@@ -1,15 +1,19 @@
 """perfora: grow PyTorch models during training by adding artificial dendrites.
 
-The Lightning callback lives in :mod:`perfora.integrations.lightning` (optional dependency:
-``pip install "perfora[lightning]"``); ``perfora.compat`` holds the PerforatedAI names.
+Everything a user needs is importable from here; the parts behind it are built in floors
+(docs/design.md). The framework adapters live in :mod:`perfora.integrations` (Lightning,
+Hugging Face, Accelerate, Fabric; optional dependencies), the rank helpers in
+:mod:`perfora.distributed`, and the PerforatedAI names in :mod:`perfora.compat`.
 """
 
-from typing import TYPE_CHECKING, Any  # noqa: E402
+from typing import TYPE_CHECKING, Any
 
+from . import distributed
 from ._version import __version__
-from .checkpoint.adapter import load_dendrites, save_dendrites  # noqa: E402
-from .checkpoint.model import load_model, save_model  # noqa: E402
-from .config import PerforaConfig  # noqa: E402
+from .checkpoint.adapter import load_dendrites, save_dendrites
+from .checkpoint.model import load_model, save_model
+from .config import PerforaConfig
+from .distributed import RankMismatchError, set_epoch
 from .errors import (
     CheckpointError,
     ConfigError,
@@ -22,36 +26,17 @@ from .errors import (
     ScoreError,
     ShapeMismatchError,
 )
-from .growth import ControllerState, Decision, GrowthController  # noqa: E402
-from .growth.candidates import GrowthPlan, plan_growth  # noqa: E402
-from .growth.restart import mark_training_complete  # noqa: E402
-from .growth.resume import resume  # noqa: E402
-from .growth.saved_run import load_checkpoint  # noqa: E402
-from .growth.signal import ErrorSignalProbe  # noqa: E402
-from .nn.export import export  # noqa: E402
-from .nn.layers import DendriticLayer, dendritic_layers, unwrap_model  # noqa: E402
-from .nn.perforation import ConversionReport, describe, perforate  # noqa: E402
-from .rules import LearningRule, RuleStep, register_rule  # noqa: E402
-
-__all__ = [
-    "ErrorSignalProbe", "GrowthPlan", "plan_growth",
-    "__version__", "PerforaConfig", "GrowthController", "Decision", "ControllerState",
-    "perforate", "describe", "resume", "ConversionReport", "DendriticLayer", "dendritic_layers",
-    "unwrap_model", "save_model", "load_model", "load_checkpoint", "export",
-    "save_dendrites", "load_dendrites", "LearningRule",
-    "RuleStep",
-    "register_rule", "PerforaError", "ConfigError", "ScoreError", "OrderError",
-    "ConversionError", "CheckpointError", "ShapeMismatchError", "PerforationError",
-    "ParallelError", "ExportError", "mark_training_complete",
-]
-
-from . import distributed  # noqa: E402
-from .distributed import RankMismatchError, set_epoch
+from .growth import ControllerState, Decision, GrowthController
+from .growth.candidates import GrowthPlan, plan_growth
+from .growth.restart import mark_training_complete
+from .growth.resume import resume
+from .growth.saved_run import load_checkpoint
+from .growth.signal import ErrorSignalProbe
+from .nn.export import export
+from .nn.layers import DendriticLayer, dendritic_layers, unwrap_model
+from .nn.perforation import ConversionReport, describe, perforate
 from .parallel import shard_fsdp2, wrap_ddp, wrap_deepspeed, wrap_fsdp1
-
-__all__ += ["distributed", "RankMismatchError", "wrap_ddp", "shard_fsdp2", "wrap_fsdp1",
-            "wrap_deepspeed", "set_epoch"]
-
+from .rules import LearningRule, RuleStep, register_rule
 
 if TYPE_CHECKING:  # pragma: no cover
     from .codemod import CodemodResult
@@ -69,4 +54,24 @@ def convert_source(source: str, mode: str = "native", **options: Any) -> "Codemo
     return _convert(source, mode, **options)
 
 
-__all__ += ["convert_source"]
+__all__ = [
+    "__version__",
+    # wrap, describe, export
+    "perforate", "describe", "ConversionReport", "DendriticLayer", "dendritic_layers",
+    "unwrap_model", "export",
+    # grow
+    "PerforaConfig", "GrowthController", "Decision", "ControllerState", "ErrorSignalProbe",
+    "GrowthPlan", "plan_growth", "LearningRule", "RuleStep", "register_rule",
+    # files
+    "resume", "save_model", "load_model", "load_checkpoint", "save_dendrites",
+    "load_dendrites", "mark_training_complete",
+    # distributed
+    "distributed", "RankMismatchError", "set_epoch", "wrap_ddp", "shard_fsdp2", "wrap_fsdp1",
+    "wrap_deepspeed",
+    # script conversion
+    "convert_source",
+    # errors
+    "PerforaError", "ConfigError", "ScoreError", "OrderError", "ConversionError",
+    "CheckpointError", "ShapeMismatchError", "PerforationError", "ParallelError",
+    "ExportError",
+]
