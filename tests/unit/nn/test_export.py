@@ -160,3 +160,19 @@ def test_exported_transformer_runs_in_eval_without_the_fused_path_reading_weight
     x = torch.randn(2, 5, 8)
     with torch.no_grad():
         assert torch.allclose(perfora.export(model)(x), model(x), atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_exported_model_runs_under_autocast_like_the_live_model(kind):
+    # selective sets add their d with index_add, which refuses a bf16 output and float32 v
+    # rows: the exported code promotes as the live layer does
+    for selective in (False, True):
+        model, x = _grown(kind, 2, selective)
+        exported = perfora.export(model)
+        with torch.no_grad(), torch.autocast("cpu", torch.bfloat16):
+            expected, got = model(x), exported(x)
+        assert got.dtype == expected.dtype, (kind, selective)
+        assert torch.allclose(got.float(), expected.float(), atol=2e-2, rtol=2e-2), \
+            (kind, selective, (got.float() - expected.float()).abs().max())
+        with torch.no_grad():  # and float32 outside autocast, as before
+            assert torch.allclose(exported(x), model(x), atol=1e-6, rtol=0), (kind, selective)
