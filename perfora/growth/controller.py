@@ -23,6 +23,7 @@ from ..nn.layers import dendritic_layers
 from ..parallel import ParallelBackend, backend_of
 from ..rules import make_rule
 from . import surgery
+from .compile_room import make_room_for_recompiles
 from .optimizer_slot import OptimizerMethods, OptimizerSlot
 from .persistence import CheckpointMethods
 from .placement import check_reported_model
@@ -176,6 +177,7 @@ class GrowthController(OptimizerMethods, CheckpointMethods):
         self._rebuild_after_change()
         if not self.backend.sharded:
             self._usage.after_restructure(self._layers())
+        make_room_for_recompiles(self.state.num_dendrites + 1)
 
     def _rewind_to_best(self) -> None:
         """Give the model the best snapshot's structure and weights (nothing without one)."""

@@ -15,7 +15,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import torch
-from torch import nn
 
 from ..nn.layers import DendriticLayer
 from ..warn import warn_user
@@ -24,53 +23,39 @@ _SAMPLE = 1024  # elements compared per parameter: enough to see any optimizer s
 _DENDRITE_GROUPS = ("bank", "cascade", "out", "candidate")
 
 
-class _CallFlag:
-    """A forward pre-hook that records that its module ran, and trained (picklable)."""
-
-    def __init__(self) -> None:
-        self.called = False
-        self.trained = False
-
-    def __call__(self, module: nn.Module, args: tuple) -> None:
-        self.called = True
-        self.trained = self.trained or (module.training and torch.is_grad_enabled())
-
-
 class UsageWatch:
     """Checks, once each, that wrapped layers run and that new dendrites get trained.
 
-    Layers are watched (a forward pre-hook that only sets a flag) during the first epoch
-    and the epoch after each restructure; :meth:`end_epoch` checks and removes the hooks.
-    Nothing is checked in an epoch in which the model did not train.
+    Layers are watched during the first epoch and the epoch after each restructure: each
+    layer's forward records that it ran (:meth:`DendriticLayer.forget_calls`), with no hook,
+    so watching adds no recompile under ``torch.compile``; :meth:`end_epoch` checks. Nothing
+    is checked in an epoch in which the model did not train.
     """
 
     def __init__(self) -> None:
-        self._flags: dict[str, _CallFlag] = {}
-        self._handles: list = []
+        self._watched: dict[str, DendriticLayer] = {}
         self._fresh: list[tuple[str, torch.Tensor, torch.Tensor]] = []
         self._warned: set[str] = set()
 
     # -------------------------------------------------------------- calls
     def watch_calls(self, layers: Mapping[str, DendriticLayer]) -> None:
-        """Start recording which wrapped layers run (until :meth:`check_calls`)."""
-        self.stop_watching_calls()
-        for path, layer in layers.items():
-            flag = self._flags[path] = _CallFlag()
-            self._handles.append(layer.register_forward_pre_hook(flag))
+        """Start recording which wrapped layers run (until :meth:`end_epoch`)."""
+        self._watched = dict(layers)
+        for layer in self._watched.values():
+            layer.forget_calls()
 
     def stop_watching_calls(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles, self._flags = [], {}
+        """Stop watching (the layers keep recording, which costs nothing to read)."""
+        self._watched = {}
 
     def end_epoch(self, has_optimizer: bool, awaiting_instance: bool = False) -> None:
         """Check the epoch just reported (if it was watched), then stop watching.
 
         ``awaiting_instance``: a restructure dropped the optimizer the user registered with
         ``set_optimizer_instance`` and no new one has been registered since."""
-        flags = self._flags
-        trained = any(f.trained for f in flags.values())
-        idle = sorted(p for p, f in flags.items() if not f.called)
+        layers = self._watched
+        trained = any(layer.seen_training_call for layer in layers.values())
+        idle = sorted(p for p, layer in layers.items() if not layer.seen_call)
         self.stop_watching_calls()
         if trained:
             self._check_calls(idle)

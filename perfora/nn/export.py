@@ -177,7 +177,11 @@ class _DendriteComputation(nn.Module):
                     axis, getattr(self, f"where{i}_{j}"))
             d = self.act(a)
             padded.append(F.pad(d, pad))
-            out = out.index_add(axis, getattr(self, f"index{i}"), getattr(self, f"v{i}") * d)
+            term = getattr(self, f"v{i}") * d
+            # in the promoted dtype, as the live layer adds it (under autocast a bf16 output
+            # meets float32 v rows, and index_add refuses mixed dtypes)
+            dtype = torch.promote_types(out.dtype, term.dtype)
+            out = out.to(dtype).index_add(axis, getattr(self, f"index{i}"), term.to(dtype))
         return out
 
 

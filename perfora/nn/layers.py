@@ -142,6 +142,16 @@ class DendriticLayer(ParameterGroups, CandidateApart, nn.Module):
         self._index_cache: tuple | None = None
         self._set_lists: list[list[int]] | None = None  # the mask's rows as index lists
         self.register_state_dict_post_hook(merged_state_hook)
+        self.forget_calls()
+
+    def forget_calls(self) -> None:
+        """Reset :attr:`seen_call` and :attr:`seen_training_call`, which forward sets.
+
+        They tell usage checks whether the layer ran (and in training) since the reset,
+        without a hook: forward only writes them, so ``torch.compile`` keeps no guard on
+        their values and resetting them never recompiles."""
+        self.seen_call = False
+        self.seen_training_call = False
 
     # ------------------------------------------------------------------ structure
     @property
@@ -343,6 +353,9 @@ class DendriticLayer(ParameterGroups, CandidateApart, nn.Module):
         return shape
 
     def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        self.seen_call = True  # written, never read here (see forget_calls)
+        if self.training and torch.is_grad_enabled():
+            self.seen_training_call = True
         y = self.base(x, *args, **kwargs)
         if args or kwargs or not isinstance(y, torch.Tensor):
             # refused before any growth, so a run never trains on into a dead end

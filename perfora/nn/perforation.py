@@ -198,6 +198,7 @@ def _refuse_unsupported(path: str, module: nn.Module) -> None:
     if not any(True for _ in module.parameters()):
         raise PerforationError(f"cannot perforate {path!r} ({type(module).__name__}): "
                                "it has no parameters to copy into dendrites")
+    _refuse_unfit_parameters(path, module)
     if isinstance(module, _RECURRENT):
         raise _recurrent_error(path, module)
     if isinstance(module, nn.MultiheadAttention):
@@ -218,6 +219,23 @@ def _recurrent_error(path: str, module: nn.Module, tail: str = "") -> Perforatio
         "return a hidden state besides their output, which dendrites do not support. "
         "Perforate the Linear layers that read its output instead (the default types "
         f"select them and leave recurrent layers alone){tail}")
+
+
+def _refuse_unfit_parameters(path: str, module: nn.Module) -> None:
+    """Refuse parameters growth cannot copy: uninitialised (lazy) or not floating point."""
+    for name, p in module.named_parameters():
+        if isinstance(p, nn.parameter.UninitializedParameter):
+            raise PerforationError(
+                f"cannot perforate {path!r} ({type(module).__name__}): its parameter "
+                f"{name!r} is not initialised yet (a lazy module), so its shape is unknown. "
+                "Run one forward pass of the model first, then perforate it; or leave the "
+                f"layer out: perforate(model, exclude=[{path!r}])")
+        if not p.is_floating_point():
+            raise PerforationError(
+                f"cannot perforate {path!r} ({type(module).__name__}): its parameter "
+                f"{name!r} is {p.dtype}, and dendrites are trained floating-point copies. "
+                f"Leave the layer out: perforate(model, exclude=[{path!r}]), or dequantize "
+                "it to a float dtype first")
 
 
 def _first_path_per_module(paths: list[str], modules: Mapping[str, nn.Module]) -> list[str]:
@@ -350,7 +368,8 @@ def describe(model: nn.Module) -> ConversionReport:
     inside = {id(p) for layer in layers.values() for p in layer.parameters()}
     for name, p in inner.named_parameters():
         if p.requires_grad and id(p) not in inside:
-            report.outside.append((name, p.numel()))
+            lazy = isinstance(p, nn.parameter.UninitializedParameter)  # no size yet
+            report.outside.append((name, 0 if lazy else p.numel()))
     return report
 
 

@@ -3,6 +3,7 @@ growth stays exact, and its outputs and updates match eager."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -50,3 +51,44 @@ def test_compiled_model_recompiles_after_growth_and_matches_eager():
         assert torch.allclose(a, b, atol=1e-5), name
     newest = perfora.dendritic_layers(compiled_model)["0"].out_weight[-1]
     assert newest.abs().sum() > 0  # the last set added was trained after it was added
+
+
+@pytest.mark.slow  # about 20 s: seven dendrite counts, two graphs each
+def test_six_restructures_stay_compiled_with_two_graphs_per_dendrite_count(monkeypatch):
+    # the usual loop: train with gradients, evaluate in eval mode under no_grad, step().
+    # Dynamo keeps one graph per grad mode, so each dendrite count needs exactly two; the
+    # usage watch must add none (it was a hook whose flag dynamo guarded: a third per count),
+    # and the controller keeps room under the recompile limit so no count runs eagerly
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)
+    torch._dynamo.reset()
+    compiled = []
+
+    def backend(graph, example_inputs):
+        compiled.append(graph)
+        return graph.forward
+
+    model = _model()
+    ctl = perfora.GrowthController(model, switch_mode="every_epoch", max_dendrites=6,
+                                   dendrite_init="default", write_files=False)
+    ctl.set_optimizer(torch.optim.SGD, lr=0.1)
+    optimizer, _ = ctl.build_optimizer()
+    run = torch.compile(model, backend=backend)
+    x, y = torch.randn(16, 8), torch.randint(0, 3, (16,))
+    graphs_per_count = []
+    for _ in range(7):
+        before = len(compiled)
+        model.train()
+        for _ in range(2):
+            optimizer.zero_grad()
+            F.cross_entropy(run(x), y).backward()
+            optimizer.step()
+        model.eval()
+        with torch.no_grad():
+            score = -F.cross_entropy(run(x), y).item()
+            assert torch.equal(run(x), model(x))  # the compiled graph computes the model
+        graphs_per_count.append(len(compiled) - before)
+        decision = ctl.step(score)
+        optimizer = decision.optimizer
+    assert ctl.num_dendrites == 6
+    assert graphs_per_count == [2] * 7  # K = 0..6, each compiled (none fell back to eager)
+    torch._dynamo.reset()

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 from torch import nn
 
 import perfora
@@ -160,3 +161,49 @@ def test_exported_transformer_runs_in_eval_without_the_fused_path_reading_weight
     x = torch.randn(2, 5, 8)
     with torch.no_grad():
         assert torch.allclose(perfora.export(model)(x), model(x), atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_exported_model_runs_under_autocast_like_the_live_model(kind):
+    # selective sets add their d with index_add, which refuses a bf16 output and float32 v
+    # rows: the exported code promotes as the live layer does
+    for selective in (False, True):
+        model, x = _grown(kind, 2, selective)
+        exported = perfora.export(model)
+        with torch.no_grad(), torch.autocast("cpu", torch.bfloat16):
+            expected, got = model(x), exported(x)
+        assert got.dtype == expected.dtype, (kind, selective)
+        assert torch.allclose(got.float(), expected.float(), atol=2e-2, rtol=2e-2), \
+            (kind, selective, (got.float() - expected.float()).abs().max())
+        with torch.no_grad():  # and float32 outside autocast, as before
+            assert torch.allclose(exported(x), model(x), atol=1e-6, rtol=0), (kind, selective)
+
+
+def test_safetensors_state_dict_loads_into_a_fresh_export_of_the_same_structure(tmp_path):
+    # the route docs/export.md recommends for files from others: weights as data only,
+    # loaded into a module built from your own code with perfora.export
+    model, x = _grown("linear", 3, True)
+    exported = perfora.export(model)
+    save_file(exported.state_dict(), str(tmp_path / "model.safetensors"))
+    rebuilt, _ = _grown("linear", 3, True)  # the same structure (seeded set choices) ...
+    with torch.no_grad():
+        for p in rebuilt.parameters():  # ... with other weights
+            p.add_(1.0)
+    fresh = perfora.export(rebuilt)
+    with torch.no_grad():
+        assert not torch.equal(fresh(x), exported(x))
+    fresh.load_state_dict(load_file(str(tmp_path / "model.safetensors")))
+    with torch.no_grad():
+        assert torch.equal(fresh(x), exported(x))
+        assert torch.allclose(fresh(x), model(x), atol=1e-6, rtol=0)
+
+
+def test_torch_export_program_saves_and_loads_as_pt2(tmp_path):
+    model, x = _grown("conv+norm", 2, True)
+    exported = perfora.export(model)
+    with torch.no_grad():
+        expected = exported(x)
+        torch.export.save(torch.export.export(exported, (x,)), str(tmp_path / "model.pt2"))
+        loaded = torch.export.load(str(tmp_path / "model.pt2")).module()
+        assert torch.allclose(loaded(x), expected, atol=1e-6, rtol=0)
+        assert torch.allclose(loaded(x), model(x), atol=1e-6, rtol=0)

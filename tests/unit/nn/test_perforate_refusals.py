@@ -1,0 +1,61 @@
+"""perforate() refuses, before the model changes, layers that growth could never extend: an
+uninitialised lazy layer and a layer with integer (quantized-looking) weights."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import perfora
+
+
+def _int8_linear() -> nn.Linear:
+    layer = nn.Linear(4, 4)  # an integer tensor cannot require gradients
+    layer.weight = nn.Parameter(layer.weight.detach().mul(10).to(torch.int8),
+                                requires_grad=False)
+    return layer
+
+
+def _state(model: nn.Module) -> dict:
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def test_an_uninitialised_lazy_layer_is_refused_with_what_to_do():
+    model = nn.Sequential(nn.Linear(3, 5), nn.Tanh(), nn.LazyLinear(2))
+    with pytest.raises(perfora.PerforationError, match=r"'2'.*forward") as info:
+        perfora.perforate(model)
+    assert "exclude" in str(info.value)
+    assert not perfora.dendritic_layers(model)  # nothing was wrapped
+    assert type(model[0]) is nn.Linear
+
+
+def test_a_lazy_layer_perforates_and_grows_after_one_forward():
+    model = nn.Sequential(nn.Linear(3, 5), nn.Tanh(), nn.LazyLinear(2))
+    x = torch.randn(4, 3)
+    model(x)  # materialises the lazy layer
+    perfora.perforate(model)
+    for layer in perfora.dendritic_layers(model).values():
+        layer.grow(torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert model(x).shape == (4, 2)
+
+
+def test_a_layer_with_integer_weights_is_refused_before_the_model_changes():
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), _int8_linear())
+    before = _state(model)
+    with pytest.raises(perfora.PerforationError, match=r"'2'.*torch.int8.*exclude"):
+        perfora.perforate(model)
+    assert not perfora.dendritic_layers(model)
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_such_layers_are_fine_when_excluded_or_not_selected():
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), _int8_linear(), nn.LazyLinear(3))
+    perfora.perforate(model, exclude=["2", "3"])
+    assert sorted(perfora.dendritic_layers(model)) == ["0"]
+    other = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), _int8_linear(), nn.LazyLinear(3))
+    perfora.perforate(other, paths=["0"])
+    assert sorted(perfora.dendritic_layers(other)) == ["0"]
+    perfora.dendritic_layers(other)["0"].grow(torch.Generator().manual_seed(0))
