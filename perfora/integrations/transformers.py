@@ -366,5 +366,18 @@ def load_grown_pretrained(model: nn.Module, folder: str | os.PathLike, *,
     state: dict[str, torch.Tensor] = {}
     for file in files:
         state.update(safetensors.torch.load_file(str(file), device="cpu"))
+    _fill_tied(model, state)
     model.load_state_dict(state, strict=True)
     return model
+
+
+def _fill_tied(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Give each tied key that save_pretrained stored once the tensor of its saved twin."""
+    groups: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        groups.setdefault(id(param), []).append(name)
+    for names in groups.values():
+        saved = next((n for n in names if n in state), None)
+        for name in names:
+            if saved is not None and name not in state:
+                state[name] = state[saved]

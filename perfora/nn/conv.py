@@ -10,11 +10,22 @@ import torch
 from .kernels import MixSpec
 from .row_bank import RowBankLayer
 
+# the conv's settings that model code reads from the layer it calls (e.g. transformers'
+# MobileNetV2 pads by ``layer.stride``): the wrapped layer answers with the conv's own
+_CONV_SETTINGS = frozenset({"in_channels", "out_channels", "kernel_size", "stride", "padding",
+                            "dilation", "groups", "padding_mode", "transposed",
+                            "output_padding"})
+
 
 class ConvDendriticLayer(RowBankLayer):
     """A wrapped ``nn.Conv1d``/``Conv2d``/``Conv3d`` with its dendrite bank."""
 
     kind = "conv"
+
+    def __getattr__(self, name: str):
+        if name in _CONV_SETTINGS:
+            return getattr(self.source, name)
+        return super().__getattr__(name)
 
     def _groups(self) -> int:
         return int(self.source.groups)

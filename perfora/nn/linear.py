@@ -14,6 +14,11 @@ class LinearDendriticLayer(RowBankLayer):
 
     kind = "linear"
 
+    def __getattr__(self, name: str):
+        if name in ("in_features", "out_features"):  # model code that reads the layer's size
+            return getattr(self.source, name)
+        return super().__getattr__(name)
+
     def _dendrite_call(self, x: torch.Tensor, weight: torch.Tensor,
                        bias: torch.Tensor | None) -> torch.Tensor:
         return F.linear(x, weight, bias)

@@ -13,6 +13,7 @@ from torch import nn
 from ..errors import CheckpointError, ConversionError, PerforationError
 from .attention import is_attention_projection, route_wrapped_layers
 from .layers import DendriticLayer, bank_kind, dendritic_layers, unwrap_model
+from .tied import rename_tied_keys, tie_reason, tied_modules
 
 log = logging.getLogger("perfora")
 
@@ -126,8 +127,9 @@ def perforate(
 
     selected: list[str] = []
     skipped: list[tuple[str, str]] = []
+    ties = tied_modules(inner)
     _select(inner, "", types, names, set(paths), predicate, exclude, exclude_types, selected,
-            skipped)
+            skipped, ties)
     selected = _first_path_per_module(selected, modules)
     existing = dendritic_layers(inner)
     if not selected and not existing:
@@ -138,7 +140,9 @@ def perforate(
         raise PerforationError(
             "nothing to perforate: no module matched the selection (types="
             f"{[t.__name__ for t in types]}, names={sorted(names)}, paths={paths}). "
-            f"Modules in this model: {_example_paths(modules, 12)}")
+            f"Modules in this model: {_example_paths(modules, 12)}"
+            + "".join(f"; skipped {p}: {why}" for p, why in skipped)
+            + _unselected_classes(modules))
 
     if group_norms:
         pair_map.update(_sequential_norm_pairs(inner, selected, exclude, exclude_types))
@@ -159,6 +163,9 @@ def perforate(
         layer.grouped_with = norm_path
         for alias in aliases.get(id(module), [path]):
             _set_module(inner, alias, layer)
+            if id(module) in ties:  # named in paths=: grown with the tie kept
+                rename_tied_keys(inner, alias, f"{alias}.base.0" if norm_path else
+                                 f"{alias}.base")
     route_wrapped_layers(inner)
     report = describe(model)
     report.skipped = skipped
@@ -171,7 +178,8 @@ def perforate(
 
 def _select(module: nn.Module, prefix: str, types: tuple, names: set, paths: set,
             predicate: Predicate | None, exclude: Sequence[str], exclude_types: tuple,
-            out: list[str], skipped: list[tuple[str, str]]) -> None:
+            out: list[str], skipped: list[tuple[str, str]],
+            ties: Mapping[int, list[tuple[str, str]]]) -> None:
     for child_name, child in module.named_children():
         path = f"{prefix}.{child_name}" if prefix else child_name
         if isinstance(child, DendriticLayer) or _excluded(path, child, exclude, exclude_types):
@@ -184,13 +192,16 @@ def _select(module: nn.Module, prefix: str, types: tuple, names: set, paths: set
                                   f"name it in paths=[{path!r}] to grow it anyway (perfora "
                                   "then routes the attention output through it)"))
             continue
+        if hit and path not in paths and id(child) in ties:
+            skipped.append((path, tie_reason(path, ties[id(child)])))
+            continue
         if hit:
             _refuse_unsupported(path, child)
             if path not in out:
                 out.append(path)
         else:
             _select(child, path, types, names, paths, predicate, exclude, exclude_types, out,
-                    skipped)
+                    skipped, ties)
 
 
 def _refuse_unsupported(path: str, module: nn.Module) -> None:
@@ -352,6 +363,18 @@ def _set_module(root: nn.Module, path: str, new: nn.Module) -> None:
 def _example_paths(modules: Mapping[str, nn.Module], limit: int = 6) -> str:
     shown = [f"{p} ({type(m).__name__})" for p, m in modules.items() if p][:limit]
     return ", ".join(shown) or "(no submodules)"
+
+
+def _unselected_classes(modules: Mapping[str, nn.Module]) -> str:
+    """A hint naming the layer classes with their own weights, to select by ``names=``."""
+    found = sorted({type(m).__name__ for m in modules.values()
+                    if any(True for _ in m.parameters(recurse=False))
+                    and not isinstance(m, (nn.Embedding, *NORM_TYPES))})
+    if not found:
+        return ""
+    return (f". Classes with their own weights here: {found}; select one by names=[...] "
+            "(with neuron_axes={name: AXIS} and example_input= for a class perfora does not "
+            "know, e.g. transformers' Conv1D: neuron_axes={'Conv1D': -1})")
 
 
 def describe(model: nn.Module) -> ConversionReport:

@@ -1,0 +1,122 @@
+"""The model zoo (tests/support/zoo.py): real architectures at a tiny size through
+perforate, growth, training, export, torch.export, torch.compile and the save/load round
+trips. What perforate wraps in each is listed in docs/zoo.md."""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+
+pytest.importorskip("transformers")
+
+import torch  # noqa: E402
+
+import perfora  # noqa: E402
+from tests.support.zoo import (  # noqa: E402
+    ZooModel,
+    all_models,
+    feed,
+    torchvision_error,
+    torchvision_models,
+)
+
+ZOO = all_models()
+IDS = [z.name for z in ZOO]
+# perfora.export's ExportedDendriticLayer does not answer the wrapped layer's attributes:
+# T5 and transformers' ViT read `layer.weight.dtype`, MobileNetV2 reads `conv.stride`, so
+# their exported models fail (AttributeError). Open; listed in docs/zoo.md.
+EXPORT_FAILS = {"t5", "hf-vit", "hf-mobilenet-v2"}
+EXPORTABLE = [z for z in ZOO if z.name not in EXPORT_FAILS]
+
+
+def _perforated(zoo: ZooModel) -> torch.nn.Module:
+    return perfora.perforate(zoo.build(), **zoo.perforate_kwargs)
+
+
+def _grown(zoo: ZooModel, sets: int = 2, feed_value: float | None = 0.1) -> torch.nn.Module:
+    """Perforated, every layer grown ``sets`` times (seeded), dendrites fed by
+    ``feed_value`` so that they change the output (None: left at zero, output unchanged)."""
+    model = _perforated(zoo)
+    gen = torch.Generator().manual_seed(3)
+    for layer in perfora.dendritic_layers(model).values():
+        for _ in range(sets):
+            layer.grow(gen)
+        if feed_value is not None:
+            with torch.no_grad():
+                layer.out_weight.fill_(feed_value)
+    return model.eval()
+
+
+def _out(zoo: ZooModel, model: torch.nn.Module) -> torch.Tensor:
+    fed, args = feed(zoo, model)
+    with torch.no_grad():
+        return fed(*args)
+
+
+@pytest.mark.parametrize("zoo", ZOO, ids=IDS)
+def test_default_perforate_wraps_the_expected_layers_and_says_what_it_skipped(zoo, caplog):
+    with caplog.at_level("INFO", logger="perfora"):
+        model = _perforated(zoo)
+    kinds = collections.Counter(w.type for w in perfora.describe(model).wrapped)
+    assert dict(kinds) == zoo.wrapped
+    for path in zoo.skipped:
+        assert f"skipped {path}: " in caplog.text
+        assert path not in perfora.dendritic_layers(model)
+
+
+@pytest.mark.parametrize("zoo", ZOO, ids=IDS)
+def test_two_dendrite_sets_leave_the_output_bit_identical(zoo):
+    before = _out(zoo, zoo.build())
+    grown = _grown(zoo, feed_value=None)
+    assert all(layer.num_dendrites == 2 for layer in perfora.dendritic_layers(grown).values())
+    assert torch.equal(_out(zoo, grown), before)
+
+
+@pytest.mark.parametrize("zoo", ZOO, ids=IDS)
+def test_grown_model_trains_with_a_finite_falling_loss(zoo):
+    torch.manual_seed(0)
+    model = _grown(zoo).train()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    batch, losses = zoo.inputs(), []
+    for _ in range(3):
+        opt.zero_grad()
+        loss = zoo.loss(model, batch)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert all(torch.isfinite(torch.tensor(losses))), losses
+    assert losses[2] < losses[0], losses
+
+
+@pytest.mark.parametrize("zoo", EXPORTABLE, ids=[z.name for z in EXPORTABLE])
+def test_export_and_torch_export_equal_the_live_model(zoo):
+    model = _grown(zoo)
+    expected = _out(zoo, model)
+    exported = perfora.export(model).eval()
+    assert not perfora.dendritic_layers(exported)
+    assert torch.allclose(_out(zoo, exported), expected, atol=1e-5, rtol=1e-5)
+    fed, args = feed(zoo, exported)
+    program = torch.export.export(fed, args)
+    assert torch.allclose(program.module()(*args), expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("zoo", ZOO, ids=IDS)
+def test_save_model_and_save_dendrites_round_trip_onto_a_fresh_model(zoo, tmp_path):
+    model = _grown(zoo)
+    expected = _out(zoo, model)
+    perfora.save_model(tmp_path / "model.pt", model)
+    perfora.save_dendrites(model, tmp_path / "dendrites.pt")
+    loaded = perfora.load_model(zoo.build(), tmp_path / "model.pt").eval()
+    assert torch.equal(_out(zoo, loaded), expected)
+    # the same base weights (same seed) plus the saved dendrites: the grown model again
+    fresh = zoo.build()
+    perfora.load_dendrites(fresh, tmp_path / "dendrites.pt")
+    assert torch.equal(_out(zoo, fresh.eval()), expected)
+
+
+def test_torchvision_models_are_listed_or_the_reason_is_given():
+    why = torchvision_error()
+    if why is not None:
+        pytest.skip(f"torchvision unavailable: {why}")
+    assert {z.name for z in torchvision_models()} <= set(IDS)
