@@ -40,6 +40,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import output_paths  # noqa: E402
 from memory import required_extra  # noqa: E402
 from overhead import TARGET_IDEAL, TARGET_K0  # noqa: E402
 from rss import MALLOC_ENV, peak_rss_bytes, reset_peak_rss, rss_bytes  # noqa: E402
@@ -47,7 +48,6 @@ from rss import MALLOC_ENV, peak_rss_bytes, reset_peak_rss, rss_bytes  # noqa: E
 import perfora  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
-DEFAULT_OUT = HERE / "results" / "zoo.json"
 TARGET_MEMORY = 1.10
 KS = (0, 1)
 MEMORY_STEPS = 2
@@ -263,7 +263,8 @@ def print_table(results: list[dict], threads: int) -> None:
                   f"{m['over_plain']:>8.3f}x {m['over_formula']:>10.3f}x {exp:>10}")
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--quick", action="store_true", help="tiny sizes, seconds (a smoke run)")
@@ -272,14 +273,26 @@ def main(argv: list[str] | None = None) -> int:
                                                              "with --quick)")
     ap.add_argument("--models", default="resnet18,gpt2")
     ap.add_argument("--out", type=Path, default=None,
-                    help="JSON output path (default results/zoo.json, zoo_quick.json)")
+                    help=output_paths.default_help("zoo.json, zoo_quick.json for --quick"))
+    output_paths.add_update_stored(ap)
+    return ap
+
+
+def output_path(args: argparse.Namespace) -> Path:
+    """Where the JSON goes: --out, else results/local/ (results/ with --update-stored)."""
+    name = "zoo_quick.json" if args.quick else "zoo.json"
+    return args.out or output_paths.results_dir(args.update_stored) / name
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
     args = ap.parse_args(argv)
     if args.child:
         print(json.dumps(memory_child(json.loads(args.child))))
         return 0
     torch.set_num_threads(args.threads)
     rounds = args.rounds or (2 if args.quick else 7)
-    out = args.out or DEFAULT_OUT.with_name("zoo_quick.json" if args.quick else "zoo.json")
+    out = output_path(args)
     results = []
     for name in args.models.split(","):
         r = time_model(name, args.quick, rounds)

@@ -51,7 +51,29 @@ def export_layer(layer: DendriticLayer) -> nn.Module:
         return copy.deepcopy(layer.base)
     computation = _DendriteComputation(layer)
     graph = torch.fx.Tracer().trace(computation)
-    return torch.fx.GraphModule(computation, graph, class_name="ExportedDendriticLayer")
+    exported = torch.fx.GraphModule(computation, graph, class_name="ExportedDendriticLayer")
+    _answer_like_the_base(exported, exported.get_submodule("base"))
+    return exported
+
+
+_LAYER_SETTINGS = ("in_features", "out_features", "in_channels", "out_channels",
+                   "kernel_size", "stride", "padding", "dilation", "groups", "padding_mode",
+                   "transposed", "output_padding")
+"""What model code reads from a Linear or Conv besides calling it (e.g. ``conv.stride``)."""
+
+
+def _answer_like_the_base(exported: nn.Module, base: nn.Module) -> None:
+    """Let model code read the layer's settings and its ``weight``/``bias`` (T5 and ViT read
+    ``layer.weight.dtype``) from the exported layer, as it could from the layer it replaces.
+
+    The tensors are plain instance attributes that alias the base's parameters, so they are
+    not registered twice: the state dict and ``parameters()`` are unchanged."""
+    for name in _LAYER_SETTINGS:
+        if hasattr(base, name):
+            setattr(exported, name, getattr(base, name))
+    for name in ("weight", "bias"):
+        if isinstance(getattr(base, name, None), torch.Tensor):
+            exported.__dict__[name] = getattr(base, name)
 
 
 class _DendriteComputation(nn.Module):

@@ -13,7 +13,8 @@ import re
 from pathlib import Path
 
 import pytest
-from paths import ROOT
+
+from tests.support.paths import ROOT
 
 PAGES = sorted([ROOT / "README.md", ROOT / "benchmarks" / "README.md",
                 *(ROOT / "docs").glob("*.md")])

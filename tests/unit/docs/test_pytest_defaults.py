@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from paths import ROOT
+from tests.support.paths import ROOT
 
 
 def test_pytest_q_with_the_project_options_prints_each_skip_reason(tmp_path: Path) -> None:

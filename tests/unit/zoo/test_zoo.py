@@ -23,11 +23,7 @@ from tests.support.zoo import (  # noqa: E402
 
 ZOO = all_models()
 IDS = [z.name for z in ZOO]
-# perfora.export's ExportedDendriticLayer does not answer the wrapped layer's attributes:
-# T5 and transformers' ViT read `layer.weight.dtype`, MobileNetV2 reads `conv.stride`, so
-# their exported models fail (AttributeError). Open; listed in docs/zoo.md.
-EXPORT_FAILS = {"t5", "hf-vit", "hf-mobilenet-v2"}
-EXPORTABLE = [z for z in ZOO if z.name not in EXPORT_FAILS]
+EXPORTABLE = ZOO  # T5 and ViT read layer.weight.dtype, MobileNetV2 conv.stride: answered
 
 
 def _perforated(zoo: ZooModel) -> torch.nn.Module:
