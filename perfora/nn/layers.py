@@ -177,6 +177,8 @@ class DendriticLayer(ParameterGroups, CandidateApart, nn.Module):
             "kind": self.kind,
             "base_type": type(self.source).__name__,
             **({"neurons": self.set_neurons()} if self.dendrite_mask is not None else {}),
+            # the widenings of this layer (perfora.nn.widening), replayed on a narrow model
+            **({"widened": self.widenings} if getattr(self, "widenings", None) else {}),
         }
 
     def set_neurons(self) -> list[list[int]] | None:
