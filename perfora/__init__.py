@@ -30,7 +30,9 @@ from .growth.resume import resume  # noqa: E402
 from .growth.signal import ErrorSignalProbe  # noqa: E402
 from .nn.export import export  # noqa: E402
 from .nn.layers import DendriticLayer, dendritic_layers, unwrap_model  # noqa: E402
+from .nn.consumers import LayerPlan, WideningPlan, plan_widening  # noqa: E402
 from .nn.perforation import ConversionReport, describe, perforate  # noqa: E402
+from .nn.widening import gradmax_init, widen  # noqa: E402
 from .rules import LearningRule, RuleStep, register_rule  # noqa: E402
 
 __all__ = [
@@ -43,6 +45,7 @@ __all__ = [
     "register_rule", "PerforaError", "ConfigError", "ScoreError", "OrderError",
     "ConversionError", "CheckpointError", "ShapeMismatchError", "PerforationError",
     "ParallelError", "ExportError", "mark_training_complete",
+    "plan_widening", "widen", "gradmax_init", "WideningPlan", "LayerPlan",
 ]
 
 from . import distributed  # noqa: E402

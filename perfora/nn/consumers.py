@@ -114,7 +114,8 @@ def _width(module: nn.Module, side: str) -> int:
 
 def _axis(module: nn.Module) -> int:
     core = module.source if isinstance(module, DendriticLayer) else module
-    return 1 if isinstance(core, CONV_TYPES) else -1
+    # a conv's channel axis counted from the end: the same for batched and unbatched inputs
+    return 1 - core.weight.dim() if isinstance(core, CONV_TYPES) else -1
 
 
 def plan_widening(model: nn.Module, pairs: Mapping[str, Any] | None = None, *,
@@ -238,7 +239,8 @@ def _known_blocks(model: nn.Module) -> list[LayerPlan]:
             out.append(_refuse(pre + "down_proj", _RESIDUAL, "Llama MLP"))
         else:
             for name, child in m.named_children():
-                if name in _ATTENTION_NAMES and is_producer(child) or \
+                attention = "attention" in type(m).__name__.lower()
+                if (name in _ATTENTION_NAMES or attention) and is_producer(child) or \
                         isinstance(m, nn.MultiheadAttention) and name == "out_proj":
                     out.append(_refuse(pre + name, "an attention projection: its outputs are "
                                        "split into heads or added to the residual stream",

@@ -179,7 +179,14 @@ class DendriticLayer(ParameterGroups, CandidateApart, nn.Module):
             **({"neurons": self.set_neurons()} if self.dendrite_mask is not None else {}),
             # the widenings of this layer (perfora.nn.widening), replayed on a narrow model
             **({"widened": self.widenings} if getattr(self, "widenings", None) else {}),
+            **({"base_blocks": self._base_blocks()} if self._base_blocks() else {}),
         }
+
+    def _base_blocks(self) -> dict[str, list[int]] | None:
+        """The widths the base layer had at each widening (None: never widened)."""
+        blocks = {side: list(getattr(self.source, f"{side}_blocks", None) or [])
+                  for side in ("out", "in")}
+        return blocks if any(len(b) > 1 for b in blocks.values()) else None
 
     def set_neurons(self) -> list[list[int]] | None:
         """Per dendrite set, the neurons it feeds; None when every set feeds every neuron."""
