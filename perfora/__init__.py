@@ -28,9 +28,9 @@ from .growth.candidates import GrowthPlan, plan_growth  # noqa: E402
 from .growth.restart import mark_training_complete  # noqa: E402
 from .growth.resume import resume  # noqa: E402
 from .growth.signal import ErrorSignalProbe  # noqa: E402
+from .nn.consumers import LayerPlan, WideningPlan, plan_widening  # noqa: E402
 from .nn.export import export  # noqa: E402
 from .nn.layers import DendriticLayer, dendritic_layers, unwrap_model  # noqa: E402
-from .nn.consumers import LayerPlan, WideningPlan, plan_widening  # noqa: E402
 from .nn.perforation import ConversionReport, describe, perforate  # noqa: E402
 from .nn.widening import gradmax_init, widen  # noqa: E402
 from .rules import LearningRule, RuleStep, register_rule  # noqa: E402

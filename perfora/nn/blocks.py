@@ -143,7 +143,7 @@ class BlockedBatchNorm:
         axis = 1 if x.dim() > 1 else 0
         outs = []
         for start, length in spans(blocks):
-            def cut(t):
+            def cut(t, start=start, length=length):
                 return None if t is None else t.narrow(0, start, length)
             outs.append(F.batch_norm(
                 x.narrow(axis, start, length).contiguous(),
@@ -205,7 +205,7 @@ def plain_modules(model: nn.Module) -> nn.Module:
     """Turn every blocked layer of ``model`` back into its plain class, in place, and every
     :class:`Blockwise` into the module or function it wraps (the outputs then agree within
     float rounding, no longer to the bit). Returns ``model`` (or the unwrapped root)."""
-    for name, module in list(model.named_modules()):
+    for module in list(model.modules()):
         if isinstance(module, BlockedLayer | BlockedBatchNorm):
             module.__class__ = type(module).plain_class
             for attr in ("out_blocks", "in_blocks"):
