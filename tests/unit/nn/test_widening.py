@@ -202,3 +202,23 @@ def test_an_unbatched_input_still_works_after_widening():
     want = net(x)
     perfora.widen(net, "0", 2)
     assert torch.equal(net(x), want)
+
+
+@pytest.mark.parametrize("train", [False, True])
+def test_a_conv_grouped_with_its_batchnorm_and_a_dendritic_conv_consumer_widen_exactly(train):
+    torch.manual_seed(0)
+    net = perfora.perforate(nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4),
+                                          nn.ReLU(), nn.Conv2d(4, 5, 3), nn.ReLU(),
+                                          nn.Conv2d(5, 2, 1)), group_norms=True)
+    g = torch.Generator().manual_seed(0)
+    for layer in perfora.dendritic_layers(net).values():
+        layer.grow(g)
+        layer.grow(g)
+        with torch.no_grad():
+            layer.out_weight.normal_()
+            layer.cascade.normal_()
+    after = _same_after(net, torch.randn(2, 3, 8, 8), [("0", 2), ("3", 3)], train=train)
+    assert after[0].base[1].num_features == 6  # the grouped BatchNorm gained the channels
+    bank = after[3].bank_weight  # per set: 5 old rows (zero new columns), then 3 new rows
+    assert bank.shape[:2] == (16, 6)
+    assert not bank[:5, 4:].any() and not bank[8:13, 4:].any()
