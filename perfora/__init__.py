@@ -32,9 +32,11 @@ from .growth.restart import mark_training_complete
 from .growth.resume import resume
 from .growth.saved_run import load_checkpoint
 from .growth.signal import ErrorSignalProbe
+from .nn.consumers import LayerPlan, WideningPlan, plan_widening
 from .nn.export import export
 from .nn.layers import DendriticLayer, dendritic_layers, unwrap_model
 from .nn.perforation import ConversionReport, describe, perforate
+from .nn.widening import gradmax_init, widen
 from .parallel import shard_fsdp2, wrap_ddp, wrap_deepspeed, wrap_fsdp1
 from .rules import LearningRule, RuleStep, register_rule
 
@@ -59,6 +61,8 @@ __all__ = [
     # wrap, describe, export
     "perforate", "describe", "ConversionReport", "DendriticLayer", "dendritic_layers",
     "unwrap_model", "export",
+    # grow neurons (widen layers, function-preserving)
+    "plan_widening", "widen", "gradmax_init", "WideningPlan", "LayerPlan",
     # grow
     "PerforaConfig", "GrowthController", "Decision", "ControllerState", "ErrorSignalProbe",
     "GrowthPlan", "plan_growth", "LearningRule", "RuleStep", "register_rule",

@@ -58,6 +58,7 @@ def save_dendrites(model: nn.Module, path: str | os.PathLike, **meta: Any) -> No
     if not dendritic_layers(inner):
         raise CheckpointError("save_dendrites(): the model has no dendritic layers; "
                               "perforate and grow it first")
+    _refuse_widened(layer_specs(inner), "save_dendrites(): the model")
     save_checkpoint(path, Checkpoint(
         tensors={_GROUP: dendrite_state(inner)},
         meta={"content": CONTENT, "structure": layer_specs(inner),
@@ -78,6 +79,8 @@ def load_dendrites(model: nn.Module, path: str | os.PathLike) -> nn.Module:
     if not isinstance(specs, dict):
         raise CheckpointError(f"{path}: structure: expected an object, got "
                               f"{type(specs).__name__}")
+    _refuse_widened(specs, f"load_dendrites(): {path}")
+    _refuse_widened(layer_specs(unwrap_model(model)), "load_dendrites(): the model")
     shadow = shadow_copy(model)
     if shadow is not None:
         fit_structure(shadow, specs, str(path), ShapeMismatchError)
@@ -87,6 +90,19 @@ def load_dendrites(model: nn.Module, path: str | os.PathLike) -> nn.Module:
     unwrap_model(model).load_state_dict(dict(state), strict=False)
     _warn_on_other_base(model, ckpt.meta.get("base_checksums"), str(path))
     return model
+
+
+def _refuse_widened(specs: Any, what: str) -> None:
+    """CheckpointError when a layer gained neurons: an adapter ships dendrites for a base of
+    its original size, and a widened base changed the base weights themselves."""
+    widened = sorted(p for p, s in specs.items() if isinstance(s, dict)
+                     and (s.get("widened") or s.get("base_blocks")))
+    if widened:
+        raise CheckpointError(
+            f"{what} has layers that gained neurons ({widened[:5]}): a dendrites file holds "
+            "only what growth added on top of an unchanged base, but widening changed the "
+            "base layers' own weights and shapes; save the whole model with "
+            "perfora.save_model and load it with perfora.load_model")
 
 
 def _check_fits(model: nn.Module, state: dict[str, torch.Tensor], source: str) -> None:

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ExportError
+from .blocks import plain_modules
 from .layers import DendriticLayer, dendritic_layers, unwrap_model
 
 _ACTIVATION_FUNCTIONS = {"sigmoid": torch.sigmoid, "tanh": torch.tanh, "relu": F.relu}
@@ -33,7 +34,7 @@ def export(model: nn.Module) -> nn.Module:
     GEMM), holds no perfora class, and keeps the training-only state (candidates, masks,
     optimizer hooks) out. The original model is not changed."""
     inner = unwrap_model(model)
-    exported = copy.deepcopy(inner)
+    exported = plain_modules(copy.deepcopy(inner))  # widened layers: one plain call each
     for path, layer in sorted(dendritic_layers(exported).items(), key=lambda kv: -len(kv[0])):
         replacement = export_layer(layer)
         parent_path, _, name = path.rpartition(".")

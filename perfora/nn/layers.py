@@ -187,6 +187,9 @@ class DendriticLayer(ParameterGroups, CandidateApart, nn.Module):
             "kind": self.kind,
             "base_type": type(self.source).__name__,
             **({"neurons": self.set_neurons()} if self.dendrite_mask is not None else {}),
+            # the widenings of this layer (perfora.nn.widening), replayed on a narrow model
+            **({"widened": self.widenings} if getattr(self, "widenings", None) else {}),
+            **({"base_blocks": _base_blocks(self.source)} if _base_blocks(self.source) else {}),
         }
 
     def set_neurons(self) -> list[list[int]] | None:
@@ -417,6 +420,12 @@ class DendriticLayer(ParameterGroups, CandidateApart, nn.Module):
         return (f"neurons={self.num_neurons}, axis={self.neuron_axis}, "
                 f"dendrites={self.num_dendrites}, activation={self.activation}, "
                 f"bank={self.kind}{', candidate apart' if self.has_candidate else ''}")
+
+
+def _base_blocks(source: nn.Module) -> dict[str, list[int]] | None:
+    """The widths a base layer had at each widening (None: never widened)."""
+    blocks = {side: list(getattr(source, f"{side}_blocks", None) or []) for side in ("out", "in")}
+    return blocks if any(len(b) > 1 for b in blocks.values()) else None
 
 
 def _transformed() -> bool:

@@ -14,6 +14,7 @@ from ..errors import CheckpointError, ConversionError, PerforationError
 from .attention import is_attention_projection, route_wrapped_layers
 from .layers import DendriticLayer, bank_kind, dendritic_layers, unwrap_model
 from .tied import rename_tied_keys, tie_reason, tied_modules
+from .widening import replay_widenings
 
 log = logging.getLogger("perfora")
 
@@ -430,6 +431,9 @@ def rebuild_structure(model: nn.Module, specs: Mapping[str, Mapping]) -> None:
     if extra:
         raise PerforationError(f"layers {extra} are wrapped in the model but not in the "
                                "checkpoint; load into a model perforated the same way")
+    for path, spec in specs.items():
+        if spec.get("widened") or getattr(layers[path], "widenings", None):
+            replay_widenings(inner, path, list(spec.get("widened") or []))
     for path, spec in specs.items():
         layer = layers[path]
         if layer.num_neurons != spec["num_neurons"]:

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from ..errors import PerforationError
+from .blocks import BlockedLayer
 from .candidate import CANDIDATE_NAMES
 from .kernels import FusedMix, MixSpec
 from .layers import _ACTIVATIONS, DendriticLayer, _transformed, index_add_promoted
@@ -154,6 +155,13 @@ class RowBankLayer(DendriticLayer):
         then has the same shapes, hence the same bits, whatever K is (exact growth), and no
         buffer K times a feature map is allocated."""
         w, b = self._dendrite_weights()
+        src = self.source
+        if isinstance(src, BlockedLayer) and src.blocked():
+            # a widened layer: each dendrite computed block by block like its base (a full
+            # set has the base's output blocks; a set of chosen neurons, one block)
+            full = src.blocks()[0]
+            return [src.blocked_call(x, w[i], b[i], full if w[i].shape[0] == self.num_neurons
+                                     else [w[i].shape[0]]) for i in range(self.banked)]
         return [self._dendrite_call(x, w[i], b[i]) for i in range(self.banked)]
 
     def _mix(self, x: torch.Tensor, y: torch.Tensor,
@@ -175,7 +183,8 @@ class RowBankLayer(DendriticLayer):
         transform and no forward-mode AD (the node has neither a vmap rule nor a jvp: the
         autograd code has)."""
         if self.num_dendrites < 2 or self.has_candidate or self.dendrite_mask is not None \
-                or self._groups() != 1 or _tracing() or _transformed():
+                or self._groups() != 1 or _tracing() or _transformed() \
+                or isinstance(self.source, BlockedLayer) and self.source.blocked():
             return None  # K = 1: autograd's three nodes cost less than one Python node
         spec = self._fused_layout(x, y)
         dtype = x.dtype

@@ -207,3 +207,24 @@ def test_torch_export_program_saves_and_loads_as_pt2(tmp_path):
         loaded = torch.export.load(str(tmp_path / "model.pt2")).module()
         assert torch.allclose(loaded(x), expected, atol=1e-6, rtol=0)
         assert torch.allclose(loaded(x), model(x), atol=1e-6, rtol=0)
+
+
+def test_export_of_a_widened_model_is_plain_torch_and_equal():
+    torch.manual_seed(0)
+    model = perfora.perforate(nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(),
+                                            nn.Flatten(), nn.Linear(4 * 4 * 4, 5), nn.GELU(),
+                                            nn.Linear(5, 2)))
+    g = torch.Generator().manual_seed(0)
+    for layer in perfora.dendritic_layers(model).values():
+        layer.grow(g)
+    perfora.widen(model, "0", 2)
+    perfora.widen(model, "4", 3)
+    plain = perfora.export(nn.Sequential(nn.Linear(3, 5), nn.SiLU(), nn.Linear(5, 2)))
+    perfora.widen(plain, "0", 2)
+    for exported, live, x in ((perfora.export(model), model.eval(), torch.randn(2, 3, 6, 6)),
+                              (perfora.export(plain), plain.eval(), torch.randn(4, 3))):
+        assert torch.allclose(exported(x), live(x), atol=1e-6)
+        names = {type(m).__module__ for m in exported.modules()}
+        assert not any(n.startswith("perfora") for n in names), names
+    assert type(perfora.export(plain)[0]) is nn.Linear
+    assert perfora.export(plain)[0].weight.shape == (7, 3)

@@ -1,0 +1,224 @@
+"""Widened layers computed block by block, so widening changes no output bit.
+
+A matrix product over a wider weight is not bit-identical to the narrow one on its old part
+(the GEMM may block its sums differently when the inner or the outer size changes), and
+neither are some elementwise functions (sigmoid, SiLU, tanh-GELU run their last elements
+through a scalar path whose rounding differs from the vector path). So a layer that gained
+neurons keeps the sizes it had at each widening as *blocks*: its weight is one tensor of the
+new size (one parameter, one optimizer entry, plain state-dict keys), but its forward pass
+computes each (output block, input block) piece on a contiguous copy of that piece, exactly
+the call the narrow layer made, and adds the pieces (a zero piece adds an exact zero).
+
+* :class:`BlockedLayer` (mixed into ``nn.Linear``, ``nn.Conv1d/2d/3d`` and Hugging Face's
+  ``Conv1D`` by swapping the instance's class) holds ``out_blocks``/``in_blocks``;
+* :class:`BlockedBatchNorm` normalises each channel block apart (statistics are per channel,
+  so the old channels' running statistics and outputs are unchanged);
+* :class:`Blockwise` wraps a stateless module or function (an activation, a pooling layer)
+  and applies it to each block apart along one axis.
+
+:func:`plain_modules` turns all three back into plain torch modules (export does that).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import PerforationError
+
+BN_TYPES = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
+CONV_TYPES = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
+
+
+def is_hf_conv1d(module: nn.Module) -> bool:
+    """True for Hugging Face's ``Conv1D`` (GPT-2): a Linear whose weight is [in, out]."""
+    return any(c.__name__ == "Conv1D" for c in type(module).__mro__) and hasattr(module, "nf")
+
+
+def spans(sizes: list[int]) -> list[tuple[int, int]]:
+    """(start, length) of each block."""
+    out, start = [], 0
+    for size in sizes:
+        out.append((start, size))
+        start += size
+    return out
+
+
+def piece(t: torch.Tensor, dim: int, start: int, length: int, whole: bool) -> torch.Tensor:
+    """One block of ``t`` along ``dim`` as a contiguous tensor (``t`` itself when whole)."""
+    return t if whole else t.narrow(dim, start, length).contiguous()
+
+
+def blocked_apply(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                  out_blocks: list[int], in_blocks: list[int], *, x_axis: int, out_axis: int,
+                  w_out: int, w_in: int,
+                  op: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None],
+                               torch.Tensor]) -> torch.Tensor:
+    """``op(x, weight, bias)`` computed per (output block, input block) piece and assembled:
+    each piece is the call the layer made at the width of that block, on contiguous copies, so
+    the old outputs keep their bits and a zero piece adds an exact zero."""
+    outs = []
+    one_in = len(in_blocks) == 1
+    for o_start, o_len in spans(out_blocks):
+        w_rows = piece(weight, w_out, o_start, o_len, len(out_blocks) == 1)
+        acc = None
+        for j, (i_start, i_len) in enumerate(spans(in_blocks)):
+            w = piece(w_rows, w_in, i_start, i_len, one_in)
+            xi = piece(x, x_axis, i_start, i_len, one_in)
+            b = None if bias is None or j else piece(bias, 0, o_start, o_len,
+                                                      len(out_blocks) == 1)
+            t = op(xi, w, b)
+            acc = t if acc is None else acc + t
+        outs.append(acc)
+    return outs[0] if len(outs) == 1 else torch.cat(outs, out_axis)
+
+
+class BlockedLayer:
+    """Mixin for a widened Linear, Conv or HF Conv1D: computes block by block."""
+
+    out_blocks: list[int] | None = None
+    in_blocks: list[int] | None = None
+
+    def blocked(self) -> bool:
+        return bool(self.out_blocks and len(self.out_blocks) > 1) or \
+            bool(self.in_blocks and len(self.in_blocks) > 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.blocked():
+            return super().forward(x)  # type: ignore[misc]
+        return self.blocked_call(x, self.weight, self.bias)  # type: ignore[attr-defined]
+
+    def blocks(self) -> tuple[list[int], list[int]]:
+        """(output blocks, input blocks), each one block of the full size when not widened."""
+        w = self.weight  # type: ignore[attr-defined]
+        o_dim, i_dim = (1, 0) if is_hf_conv1d(self) else (0, 1)  # type: ignore[arg-type]
+        return (list(self.out_blocks or [w.shape[o_dim]]),
+                list(self.in_blocks or [w.shape[i_dim]]))
+
+    def blocked_call(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                     out_blocks: list[int] | None = None) -> torch.Tensor:
+        """The layer's call with ``weight``/``bias`` (its own, or a dendrite's rows), block by
+        block; ``out_blocks`` overrides the output blocks (a dendrite set's rows)."""
+        outs, ins = self.blocks()
+        outs = out_blocks or outs
+        if is_hf_conv1d(self):  # type: ignore[arg-type]
+            size_out = x.shape[:-1] + (weight.shape[1],)
+
+            def mm(xi, w, b):
+                return torch.mm(xi, w) if b is None else torch.addmm(b, xi, w)
+            y = blocked_apply(x.reshape(-1, x.shape[-1]), weight, bias, outs, ins, x_axis=1,
+                              out_axis=1, w_out=1, w_in=0, op=mm)
+            return y.view(size_out)
+        if isinstance(self, nn.Linear):
+            return blocked_apply(x, weight, bias, outs, ins, x_axis=-1, out_axis=-1,
+                                 w_out=0, w_in=1, op=F.linear)
+        axis = 0 if x.dim() == weight.dim() - 1 else 1  # unbatched conv input
+        return blocked_apply(x, weight, bias, outs, ins, x_axis=axis, out_axis=axis,
+                             w_out=0, w_in=1, op=self._conv_forward)  # type: ignore[attr-defined]
+
+
+class BlockedBatchNorm:
+    """Mixin for a widened BatchNorm: each channel block is normalised apart (the same
+    per-channel statistics, the same kernel call as before for the old channels)."""
+
+    out_blocks: list[int] | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        blocks = self.out_blocks
+        if not blocks or len(blocks) == 1:
+            return super().forward(x)  # type: ignore[misc]
+        bn: Any = self
+        bn._check_input_dim(x)
+        factor = 0.0 if bn.momentum is None else bn.momentum
+        if bn.training and bn.track_running_stats and bn.num_batches_tracked is not None:
+            bn.num_batches_tracked.add_(1)
+            factor = 1.0 / float(bn.num_batches_tracked) if bn.momentum is None \
+                else bn.momentum
+        use_batch = bn.training or (bn.running_mean is None and bn.running_var is None)
+        running = not bn.training or bn.track_running_stats
+        axis = 1 if x.dim() > 1 else 0
+        outs = []
+        for start, length in spans(blocks):
+            def cut(t, start=start, length=length):
+                return None if t is None else t.narrow(0, start, length)
+            outs.append(F.batch_norm(
+                x.narrow(axis, start, length).contiguous(),
+                cut(bn.running_mean) if running else None,
+                cut(bn.running_var) if running else None,
+                cut(bn.weight), cut(bn.bias), use_batch, factor, bn.eps))
+        return torch.cat(outs, axis)
+
+
+class Blockwise(nn.Module):
+    """A stateless module or function applied to each block of ``axis`` apart."""
+
+    def __init__(self, fn: Callable[[torch.Tensor], torch.Tensor], axis: int,
+                 blocks: list[int]) -> None:
+        super().__init__()
+        self.fn = fn
+        self.axis = int(axis)
+        self.out_blocks = list(blocks)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        outs = [self.fn(x.narrow(self.axis, s, n).contiguous())
+                for s, n in spans(self.out_blocks)]
+        return torch.cat(outs, self.axis)
+
+    def extra_repr(self) -> str:
+        return f"axis={self.axis}, blocks={self.out_blocks}"
+
+
+_CLASSES: dict[type, type] = {}
+
+
+def blocked_class(cls: type) -> type:
+    """The blocked subclass of a Linear/Conv/HF Conv1D/BatchNorm class (made once, cached)."""
+    if issubclass(cls, (BlockedLayer, BlockedBatchNorm)):
+        return cls
+    if cls not in _CLASSES:
+        mixin = BlockedBatchNorm if issubclass(cls, BN_TYPES) else BlockedLayer
+        made = type(f"Blocked{cls.__name__}", (mixin, cls), {"__module__": __name__,
+                                                             "plain_class": cls})
+        made.__qualname__ = made.__name__
+        globals()[made.__name__] = made  # so the class can be found by name (pickle)
+        _CLASSES[cls] = made
+    return _CLASSES[cls]
+
+
+for _cls in (nn.Linear, *CONV_TYPES, *BN_TYPES):
+    blocked_class(_cls)
+
+
+def make_blocked(module: nn.Module) -> None:
+    """Swap ``module``'s class for its blocked subclass (same parameters, same state keys)."""
+    if isinstance(module, (nn.Linear, *CONV_TYPES, *BN_TYPES)) or is_hf_conv1d(module):
+        module.__class__ = blocked_class(type(module))
+        return
+    raise PerforationError(f"cannot compute a {type(module).__name__} block by block")
+
+
+def plain_modules(model: nn.Module) -> nn.Module:
+    """Turn every blocked layer of ``model`` back into its plain class, in place, and every
+    :class:`Blockwise` into the module or function it wraps (the outputs then agree within
+    float rounding, no longer to the bit). Returns ``model`` (or the unwrapped root)."""
+    for module in list(model.modules()):
+        if isinstance(module, BlockedLayer | BlockedBatchNorm):
+            module.__class__ = type(module).plain_class
+            for attr in ("out_blocks", "in_blocks"):
+                module.__dict__.pop(attr, None)
+    for name, module in sorted(model.named_modules(), key=lambda kv: -len(kv[0])):
+        if isinstance(module, Blockwise):
+            if not name:
+                return module.fn if isinstance(module.fn, nn.Module) else nn.Identity()
+            parent_path, _, attr = name.rpartition(".")
+            parent = model.get_submodule(parent_path) if parent_path else model
+            if isinstance(module.fn, nn.Module):
+                parent._modules[attr] = module.fn  # in place: a Sequential keeps its order
+            else:
+                del parent._modules[attr]
+                setattr(parent, attr, module.fn)
+    return model

@@ -1,0 +1,322 @@
+"""Grow neurons: a layer gains k outputs, and everything that reads them gains zeroed inputs.
+
+``widen(model, "path", k)`` adds k output neurons to a Linear, a Conv (groups=1), Hugging
+Face's ``Conv1D`` or a :class:`DendriticLayer` over one of them, found with its consumers by
+:func:`perfora.nn.consumers.plan_widening`. The new incoming weights are random (the layer's
+own init) or given (``init=``, e.g. :func:`gradmax_init`), their biases zero; every consumer
+gains k zero input columns (k times the spatial size after a ``Flatten``), a BatchNorm on the
+way gains k channels with neutral statistics (mean 0, variance 1, weight 1, bias 0), and an
+activation or pooling on the way is applied block by block (:mod:`perfora.nn.blocks`). Since
+the new outgoing columns are zero and every old piece is computed as before, the model's
+output is bit-for-bit unchanged; the new columns get a gradient from the next backward pass.
+
+A dendritic producer's full dendrite sets gain random bank rows for the new neurons with zero
+``v`` and cascade entries; when its sets feed chosen neurons (a ``dendrite_mask``), the new
+neurons are fed by none. A dendritic consumer gains zero columns in its base and its bank.
+Each widening is recorded on the producer (``widenings``), saved in its structure spec and
+replayed by :func:`replay_widenings` when a checkpoint is loaded into a narrow model.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import PerforationError
+from .blocks import BN_TYPES, CONV_TYPES, Blockwise, is_hf_conv1d, make_blocked
+from .consumers import LayerPlan, plan_widening
+from .layers import DendriticLayer, unwrap_model
+
+
+def gradmax_init(x: torch.Tensor, g_y: torch.Tensor, k: int, scale: float) -> torch.Tensor:
+    """GradMax (Evci et al. 2022): the k incoming weight rows whose new units, with zero
+    outgoing weights, get the largest gradient on those outgoing weights.
+
+    ``x``: the producer's inputs, [N, in] (batch and positions flattened; for a Conv, its
+    unfolded patches). ``g_y``: the loss gradient at the consumer's output for the same N
+    positions, [N, out]. For units linear around 0 the outgoing weights' gradient is
+    ``M @ W_new.T`` with ``M = g_y.T @ x / N``; its norm, for rows of norm ``scale``, is
+    largest along M's top-k right singular vectors. Returns [k, in], each row of norm
+    ``scale`` (rows beyond M's rank are random directions orthogonal to the others)."""
+    if x.dim() != 2 or g_y.dim() != 2 or x.shape[0] != g_y.shape[0]:
+        raise PerforationError(f"gradmax_init needs x [N, in] and g_y [N, out] over the same "
+                               f"N, got {tuple(x.shape)} and {tuple(g_y.shape)}")
+    if k < 1:
+        raise PerforationError(f"gradmax_init: k must be at least 1, got {k}")
+    m = g_y.double().T @ x.double() / max(x.shape[0], 1)
+    _, s, vh = torch.linalg.svd(m, full_matrices=True)
+    rank = int((s > s.max().clamp_min(1e-300) * 1e-10).sum()) if s.numel() else 0
+    rows = vh[:min(k, rank)]
+    if rows.shape[0] < k:  # fill with random directions orthogonal to those chosen
+        extra = torch.randn(k - rows.shape[0], x.shape[1], dtype=torch.float64)
+        if rows.shape[0]:
+            extra = extra - extra @ rows.T @ rows
+        q, _ = torch.linalg.qr(extra.T)
+        rows = torch.cat([rows, q.T[:k - rows.shape[0]]])
+    rows = rows / rows.norm(dim=1, keepdim=True).clamp_min(1e-300)
+    return (rows * scale).to(x.dtype)
+
+
+def widen(model: nn.Module, layer: str | LayerPlan, k: int,
+          init: torch.Tensor | Mapping[str, torch.Tensor] | None = None, *,
+          pairs: Mapping[str, Any] | None = None,
+          generator: torch.Generator | None = None) -> LayerPlan:
+    """Give ``layer`` (a path, or an entry of :func:`plan_widening`'s plan) k more neurons
+    and its consumers k zero input columns, leaving the model's output unchanged.
+
+    ``init``: the new incoming weights, [k, *weight.shape[1:]] (or [k, in] flattened; for
+    Llama's gate and up projections, a mapping from path to tensor); random when omitted.
+    Raises :class:`PerforationError` (before anything changes) when the layer cannot be
+    widened, saying why. Returns the plan entry that was applied."""
+    inner = unwrap_model(model)
+    if isinstance(layer, str):
+        plan = plan_widening(inner, pairs=pairs)
+        if layer not in plan.layers:
+            raise PerforationError(f"widen(): {layer!r} is not a Linear, Conv or Conv1D layer "
+                                   f"of this model; layers: {sorted(plan.layers)[:8]}")
+        entry = plan.layers[layer]
+    else:
+        entry = layer
+    if not entry.widenable:
+        raise PerforationError(f"widen(): {entry.path!r} cannot be widened: {entry.reason}")
+    k = int(k)
+    if k < 1:
+        raise PerforationError(f"widen(): k must be at least 1, got {k}")
+    producers = [entry.path, *entry.partners]
+    inits = _split_init(init, producers)
+    for path in producers:  # check every shape before changing anything
+        _check_init(inner.get_submodule(path), inits[path], k, path)
+    width = sum(_blocks_of(_core(inner.get_submodule(entry.path)))[0])
+    for path in producers:
+        widen_producer(inner.get_submodule(path), k, inits[path], generator)
+    for path, repeat in entry.consumers:
+        widen_consumer(inner.get_submodule(path), k * repeat)
+    for path, axis in entry.through:
+        _widen_through(inner, path, axis, k, width)
+    record = getattr(inner.get_submodule(entry.path), "widenings", None)
+    event = {"k": k, **{key: value for key, value in asdict(entry).items()
+                        if key in ("consumers", "through", "partners")}}
+    target = inner.get_submodule(entry.path)
+    target.widenings = [*(record or []), _jsonable(event)]
+    return entry
+
+
+def _jsonable(event: dict) -> dict:
+    return {key: [list(v) if isinstance(v, tuple) else v for v in value]
+            if isinstance(value, list) else value for key, value in event.items()}
+
+
+def _split_init(init: Any, producers: list[str]) -> dict[str, torch.Tensor | None]:
+    if init is None or isinstance(init, torch.Tensor):
+        return {p: init if i == 0 else None for i, p in enumerate(producers)}
+    unknown = sorted(set(init) - set(producers))
+    if unknown:
+        raise PerforationError(f"widen(init=...): {unknown} are not among the widened "
+                               f"producers {producers}")
+    return {p: init.get(p) for p in producers}
+
+
+def _core(module: nn.Module) -> nn.Module:
+    """The Linear/Conv/Conv1D whose weight a widening changes."""
+    return module.source if isinstance(module, DendriticLayer) else module
+
+
+def _out_dim(core: nn.Module) -> int:
+    return 1 if is_hf_conv1d(core) else 0
+
+
+def _check_init(module: nn.Module, init: torch.Tensor | None, k: int, path: str) -> None:
+    core = _core(module)
+    if isinstance(module, DendriticLayer) and module.kind == "generic":
+        raise PerforationError(f"{path}: a generic dendritic layer cannot be widened")
+    if not (isinstance(core, (nn.Linear, *CONV_TYPES)) or is_hf_conv1d(core)):
+        raise PerforationError(f"{path}: a {type(core).__name__} cannot be widened")
+    if getattr(core, "groups", 1) != 1:
+        raise PerforationError(f"{path}: a grouped conv (groups={core.groups}) cannot be "
+                               "widened")
+    if init is None:
+        return
+    w = core.weight
+    row = (w.shape[0],) if is_hf_conv1d(core) else tuple(w.shape[1:])
+    if tuple(init.shape) not in ((k, *row), (k, math.prod(row))):
+        raise PerforationError(f"{path}: init must have shape {(k, *row)} (or "
+                               f"{(k, math.prod(row))}), got {tuple(init.shape)}")
+
+
+def _fresh_rows(core: nn.Module, k: int, init: torch.Tensor | None,
+                generator: torch.Generator | None) -> torch.Tensor:
+    """k new incoming weight rows in the weight's own layout (Conv1D: columns)."""
+    w = core.weight
+    if is_hf_conv1d(core):
+        rows = init if init is not None else torch.randn(k, w.shape[0], generator=generator) * 0.02
+        return rows.reshape(k, w.shape[0]).T.to(w)
+    shape = (k, *w.shape[1:])
+    if init is not None:
+        return init.reshape(shape).to(w)
+    bound = 1.0 / math.sqrt(max(math.prod(w.shape[1:]), 1))  # kaiming_uniform(a=sqrt(5))
+    return ((torch.rand(shape, generator=generator) * 2 - 1) * bound).to(w)
+
+
+def _grow_param(owner: nn.Module, name: str, extra: torch.Tensor, dim: int) -> None:
+    old = getattr(owner, name)
+    new = nn.Parameter(torch.cat([old.detach(), extra.to(old)], dim),
+                       requires_grad=old.requires_grad)
+    setattr(owner, name, new)
+
+
+def widen_producer(module: nn.Module, k: int, init: torch.Tensor | None = None,
+                   generator: torch.Generator | None = None) -> None:
+    """k more output neurons on a Linear/Conv/Conv1D or a DendriticLayer over one."""
+    core = _core(module)
+    outs, ins = _blocks_of(core)
+    od = _out_dim(core)
+    with torch.no_grad():
+        _grow_param(core, "weight", _fresh_rows(core, k, init, generator), od)
+        if core.bias is not None:
+            _grow_param(core, "bias", torch.zeros(k), 0)
+    for attr in ("out_features", "out_channels", "nf"):
+        if hasattr(core, attr):
+            setattr(core, attr, getattr(core, attr) + k)
+    make_blocked(core)
+    core.out_blocks, core.in_blocks = [*outs, k], ins
+    if isinstance(module, DendriticLayer):
+        if module.grouped:
+            _widen_bn(module.base[1], k)
+        _widen_dendritic_producer(module, k, generator)
+
+
+def _blocks_of(core: nn.Module) -> tuple[list[int], list[int]]:
+    if hasattr(core, "blocks") and callable(core.blocks):
+        return core.blocks()
+    w = core.weight
+    o, i = (1, 0) if is_hf_conv1d(core) else (0, 1)
+    return [w.shape[o]], [w.shape[i]]
+
+
+def _widen_dendritic_producer(layer: DendriticLayer, k: int,
+                              generator: torch.Generator | None) -> None:
+    """New neurons on a dendritic layer: full sets gain random bank rows, chosen-neuron sets
+    do not feed them; ``v`` and the cascade gain zero columns (the output is unchanged)."""
+    if layer.has_candidate:
+        layer.merge_candidate()
+    n, kd = layer.num_neurons, layer.num_dendrites
+    layer.num_neurons = n + k
+    layer._index_cache = None
+    if kd == 0:
+        return
+    with torch.no_grad():
+        if layer.dendrite_mask is None:
+            rows = [_fresh_rows(layer.source, k, None, generator) for _ in range(kd)]
+            w = layer.bank_weight.detach().split(n)
+            layer.bank_weight = layer._new_param(
+                torch.cat([t for pair in zip(w, rows, strict=True) for t in pair]), "bank")
+            if layer.bank_bias is not None:
+                b = layer.bank_bias.detach().split(n)
+                layer.bank_bias = layer._new_param(torch.cat(
+                    [t for part in b for t in (part, part.new_zeros(k))]), "bank")
+        else:
+            mask = layer.dendrite_mask
+            layer.dendrite_mask = torch.cat([mask, mask.new_zeros(kd, k)], 1)
+        layer.out_weight = layer._new_param(torch.cat(
+            [layer.out_weight.detach(), layer.out_weight.new_zeros(kd, k)], 1), "out")
+        if layer.cascade is not None:
+            layer.cascade = layer._new_param(torch.cat(
+                [layer.cascade.detach(), layer.cascade.new_zeros(layer.cascade.shape[0], k)],
+                1), "cascade")
+
+
+def widen_consumer(module: nn.Module, extra: int) -> None:
+    """``extra`` zero input columns, appended, on a Linear/Conv/Conv1D or a DendriticLayer
+    over one (in its base and in its dendrite bank)."""
+    core = _core(module)
+    if isinstance(module, DendriticLayer) and module.kind == "generic":
+        raise PerforationError("a generic dendritic layer cannot gain input columns")
+    outs, ins = _blocks_of(core)
+    in_dim = 0 if is_hf_conv1d(core) else 1
+    w = core.weight
+    shape = list(w.shape)
+    shape[in_dim] = extra
+    with torch.no_grad():
+        _grow_param(core, "weight", w.new_zeros(shape), in_dim)
+        if isinstance(module, DendriticLayer):
+            if module.has_candidate:
+                module.merge_candidate()
+            if module.bank_weight is not None:
+                bank = module.bank_weight
+                pad = list(bank.shape)
+                pad[1] = extra
+                module.bank_weight = module._new_param(
+                    torch.cat([bank.detach(), bank.new_zeros(pad)], 1), "bank")
+    for attr in ("in_features", "in_channels"):
+        if hasattr(core, attr):
+            setattr(core, attr, getattr(core, attr) + extra)
+    make_blocked(core)
+    core.out_blocks, core.in_blocks = outs, [*ins, extra]
+
+
+def _widen_bn(bn: nn.Module, k: int) -> None:
+    """k more BatchNorm channels with neutral statistics and affine parameters."""
+    blocks = list(getattr(bn, "out_blocks", None) or [bn.num_features])
+    with torch.no_grad():
+        if bn.weight is not None:
+            _grow_param(bn, "weight", torch.ones(k), 0)
+            _grow_param(bn, "bias", torch.zeros(k), 0)
+        if bn.running_mean is not None:
+            bn.running_mean = torch.cat([bn.running_mean, bn.running_mean.new_zeros(k)])
+            bn.running_var = torch.cat([bn.running_var, bn.running_var.new_ones(k)])
+    bn.num_features += k
+    make_blocked(bn)
+    bn.out_blocks = [*blocks, k]
+
+
+def _widen_through(root: nn.Module, path: str, axis: int, k: int, width: int) -> None:
+    """A module or function between producer and consumer: BatchNorm gains channels,
+    anything else is applied block by block."""
+    parent_path, _, attr = path.rpartition(".")
+    parent = root.get_submodule(parent_path) if parent_path else root
+    target = getattr(parent, attr)
+    if isinstance(target, BN_TYPES):
+        _widen_bn(target, k)
+        return
+    if isinstance(target, Blockwise):
+        target.out_blocks = [*target.out_blocks, k]
+        return
+    raise_if_stateful(target, path)
+    wrapped = Blockwise(target, axis, [width, k])
+    if attr in parent._modules:
+        parent._modules[attr] = wrapped  # in place: a Sequential keeps its order
+    else:
+        setattr(parent, attr, wrapped)  # a function attribute (an activation)
+    if isinstance(parent, nn.TransformerEncoderLayer | nn.TransformerDecoderLayer):
+        parent.activation_relu_or_gelu = 0  # its fused fast path would skip the blocks
+
+
+def raise_if_stateful(target: Any, path: str) -> None:
+    if isinstance(target, nn.Module) and (any(True for _ in target.parameters())
+                                          or any(True for _ in target.buffers())):
+        raise PerforationError(f"{path}: a {type(target).__name__} with parameters or "
+                               "buffers cannot be passed through by a widening")
+
+
+def replay_widenings(model: nn.Module, path: str, events: list[dict],
+                     generator: torch.Generator | None = None) -> None:
+    """Apply recorded widenings (``layer.widenings`` of a saved model) to ``model``'s layer
+    at ``path``, so its shapes match the saved ones (the values are loaded afterwards).
+    Widenings already applied here are skipped; a model wider than the record is refused."""
+    layer = model.get_submodule(path)
+    done = list(getattr(layer, "widenings", None) or [])
+    if done != events[:len(done)]:
+        raise PerforationError(f"layer {path!r} was widened differently here ({done}) than "
+                               f"in the checkpoint ({events}); load into a freshly built "
+                               "model")
+    for event in events[len(done):]:
+        entry = LayerPlan(path=path, widenable=True,
+                          consumers=[tuple(c) for c in event["consumers"]],
+                          through=[tuple(t) for t in event["through"]],
+                          partners=list(event.get("partners", [])))
+        widen(model, entry, event["k"], generator=generator)

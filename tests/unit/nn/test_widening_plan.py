@@ -1,0 +1,168 @@
+"""What can gain neurons and why not (the plan), ``pairs=`` and torch.fx for other models,
+GradMax's directions, and widened models through checkpoints and adapters (export: in
+test_export.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import perfora
+
+
+class _Residual(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2, self.norm = nn.Linear(6, 6), nn.Linear(6, 6), nn.LayerNorm(6)
+        self.fc3, self.head = nn.Linear(6, 10), nn.Linear(10, 2)
+
+    def forward(self, x):
+        h = x + self.fc1(x)  # residual: fc1 refused
+        h = self.norm(self.fc2(h))  # normalised jointly: fc2 refused
+        return self.head(F.relu(self.fc3(h)))  # followed by fx: fc3 -> head
+
+
+def test_the_plan_refuses_residual_and_jointly_normalised_layers_with_reasons():
+    plan = perfora.plan_widening(_Residual())
+    assert plan.widenable == ["fc3"]
+    assert plan.layers["fc3"].consumers == [("head", 1)]
+    assert plan.layers["fc3"].found_by == "torch.fx"
+    assert "residual" in plan.refused["fc1"]
+    assert "normalised jointly" in plan.refused["fc2"] and "LayerNorm" in plan.refused["fc2"]
+    assert "output of the model" in plan.refused["head"]
+    text = str(plan)
+    assert "fc3 -> head" in text and "fc1: refused" in text
+
+
+def test_a_sequential_chain_refuses_layernorm_and_an_unknown_module():
+    model = nn.Sequential(nn.Linear(3, 4), nn.LayerNorm(4), nn.Linear(4, 4), nn.Softmax(-1),
+                          nn.Linear(4, 2))
+    plan = perfora.plan_widening(model, trace=False)
+    assert "normalised jointly" in plan.refused["0"]
+    assert "Softmax" in plan.refused["2"] and "pairs=" in plan.refused["2"]
+    assert "leaves the nn.Sequential" in plan.refused["4"]
+
+
+def test_widening_a_refused_layer_raises_before_changing_anything():
+    model = _Residual()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(perfora.PerforationError, match="residual"):
+        perfora.widen(model, "fc1", 2)
+    with pytest.raises(perfora.PerforationError, match=r"init must have shape \(2, 6\)"):
+        perfora.widen(model, "fc3", 2, init=torch.zeros(3, 6))
+    with pytest.raises(perfora.PerforationError, match="not a Linear, Conv"):
+        perfora.widen(model, "norm", 2)
+    after = model.state_dict()
+    assert all(torch.equal(after[k], v) for k, v in before.items())
+
+
+class _Custom(nn.Module):
+    """A model fx cannot trace (data-dependent control flow), with a custom consumer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.enc = nn.Conv2d(2, 5, 3)
+        self.norm = nn.BatchNorm2d(5)
+        self.act = nn.Tanh()
+        self.out = nn.Linear(5 * 4 * 4, 3)
+
+    def forward(self, x):
+        h = self.act(self.norm(self.enc(x)))
+        if h.sum() > 1e9:  # fx cannot trace this
+            h = h * 2
+        return self.out(h.flatten(1))
+
+
+def test_pairs_widens_a_custom_module_through_batchnorm_and_flatten():
+    torch.manual_seed(0)
+    model = _Custom().eval()
+    assert "torch.fx cannot trace" in perfora.plan_widening(model).refused["enc"]
+    pairs = {"enc": ["norm", "act", ("out", 16)]}
+    x = torch.randn(3, 2, 6, 6)
+    want = model(x)
+    entry = perfora.widen(model, "enc", 2, pairs=pairs)
+    assert entry.consumers == [("out", 16)] and entry.found_by == "pairs"
+    assert model.out.in_features == 7 * 16 and model.norm.num_features == 7
+    assert torch.equal(model(x), want)
+    with pytest.raises(perfora.PerforationError, match="not a submodule"):
+        perfora.plan_widening(model, pairs={"enc": ["nope"]})
+    bad = perfora.plan_widening(model, pairs={"enc": ["out"]})  # forgot the flatten repeat
+    assert "reads 112 inputs" in bad.refused["enc"]
+
+
+def test_gradmax_directions_give_the_new_outgoing_weights_a_larger_gradient():
+    torch.manual_seed(0)
+    n, d_in, d_out, k = 256, 12, 5, 3
+    x = torch.randn(n, d_in) @ torch.randn(d_in, d_in)  # correlated inputs
+    g_y = x @ torch.randn(d_in, d_out) + 0.1 * torch.randn(n, d_out)  # error tied to x
+
+    def outgoing_grad_norm(w_new):  # |dL/dW2_new| = |E[g_y (W_new x)^T]| for linear units
+        return (g_y.T @ (x @ w_new.T) / n).norm()
+
+    chosen = perfora.gradmax_init(x, g_y, k, scale=0.5)
+    assert chosen.shape == (k, d_in)
+    assert torch.allclose(chosen.norm(dim=1), torch.full((k,), 0.5))
+    best_random = max(outgoing_grad_norm(0.5 * F.normalize(torch.randn(k, d_in), dim=1))
+                      for _ in range(200))
+    assert outgoing_grad_norm(chosen) > best_random
+    more = perfora.gradmax_init(x, g_y, d_out + 2, scale=1.0)  # beyond M's rank
+    assert torch.allclose(more @ more.T, torch.eye(d_out + 2, dtype=more.dtype), atol=1e-5)
+
+
+def test_widen_takes_gradmax_rows_as_the_new_incoming_weights():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 2))
+    rows = perfora.gradmax_init(torch.randn(32, 4), torch.randn(32, 2), 2, scale=0.3)
+    perfora.widen(model, "0", 2, init=rows)
+    assert torch.equal(model[0].weight[6:], rows)
+    assert torch.equal(model[0].bias[6:], torch.zeros(2))
+
+
+def _perforated():
+    torch.manual_seed(0)
+    return perfora.perforate(nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(),
+                                           nn.Flatten(), nn.Linear(4 * 4 * 4, 5), nn.GELU(),
+                                           nn.Linear(5, 2)))
+
+
+def test_a_widened_grown_model_saves_and_loads_into_a_fresh_narrow_model(tmp_path):
+    model = _perforated()
+    g = torch.Generator().manual_seed(0)
+    for layer in perfora.dendritic_layers(model).values():
+        layer.grow(g)
+    perfora.widen(model, "0", 2)
+    perfora.widen(model, "4", 3)
+    for layer in perfora.dendritic_layers(model).values():
+        layer.grow(g)
+    model.eval()
+    x = torch.randn(2, 3, 6, 6)
+    perfora.save_model(tmp_path / "m.safetensors", model)
+    fresh = torch.nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(),
+                                nn.Linear(4 * 4 * 4, 5), nn.GELU(), nn.Linear(5, 2))
+    loaded = perfora.load_model(fresh, tmp_path / "m.safetensors").eval()
+    assert torch.equal(loaded(x), model(x))
+    assert loaded[0].num_neurons == 6 and loaded[4].base.in_features == 6 * 16
+    spec = perfora.nn.perforation.layer_specs(loaded)["0"]
+    assert spec["widened"] == [{"k": 2, "consumers": [["4", 16]], "through": [["1", 1], ["2", -3]],
+                                "partners": []}]
+    assert spec["base_blocks"] == {"out": [4, 2], "in": [3]}
+
+
+def test_an_old_spec_without_widenings_still_loads(tmp_path):
+    model = _perforated()
+    perfora.save_model(tmp_path / "m.safetensors", model)
+    assert "widened" not in perfora.nn.perforation.layer_specs(model)["0"]
+    perfora.load_model(_perforated(), tmp_path / "m.safetensors")
+
+
+def test_adapters_refuse_a_widened_base(tmp_path):
+    model = _perforated()
+    perfora.dendritic_layers(model)["4"].grow()
+    perfora.save_dendrites(model, tmp_path / "narrow.safetensors")
+    perfora.widen(model, "4", 2)
+    with pytest.raises(perfora.CheckpointError, match="gained neurons"):
+        perfora.save_dendrites(model, tmp_path / "wide.safetensors")
+    with pytest.raises(perfora.CheckpointError, match="gained neurons"):
+        perfora.load_dendrites(model, tmp_path / "narrow.safetensors")
