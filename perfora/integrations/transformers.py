@@ -29,6 +29,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..checkpoint.files import read_regular_file
+from ..checkpoint.schema import MAX_HEADER_BYTES
 from ..checkpoint.weight_files import folder_shapes
 from ..config import PerforaConfig
 from ..errors import CheckpointError, ConfigError, OrderError, PerforaError
@@ -401,7 +403,8 @@ def load_grown_pretrained(model: nn.Module, folder: str | os.PathLike, *,
     if single.is_file():
         files = [single]
     elif index.is_file():
-        shards = json.loads(index.read_text())["weight_map"].values()
+        shards = json.loads(read_regular_file(index, MAX_HEADER_BYTES, "weights index")
+                            )["weight_map"].values()
         files = [folder / name for name in sorted(set(shards))]
     else:
         raise CheckpointError(f"{folder} has neither model.safetensors nor its index")
