@@ -184,8 +184,9 @@ def check_structure_fits_weights(model: nn.Module, module: str | None,
                                  specs: Mapping[str, Mapping[str, Any]],
                                  shapes: Mapping[str, tuple[int, ...]], source: str) -> None:
     """CheckpointError unless the saved weights ``shapes`` (the whole model's state-dict keys
-    and shapes) hold exactly the dendritic layers that ``specs`` gives the ``module``
-    submodule of ``model``: rehearsed on a weightless copy, so ``model`` never changes."""
+    and shapes) hold exactly the dendrite tensors that ``specs`` gives the dendritic layers
+    of the ``module`` submodule of ``model``: rehearsed on a weightless copy, so ``model``
+    never changes."""
     shadow = shadow_copy(model)
     if shadow is None:  # a model that cannot be copied: the framework's own load checks
         return
@@ -195,8 +196,8 @@ def check_structure_fits_weights(model: nn.Module, module: str | None,
     for path in dendritic_layers(target):
         prefix = ".".join(p for p in (module, path) if p)
         prefix = f"{prefix}." if prefix else ""
-        mine = {k: tuple(v.shape) for k, v in own.items() if k.startswith(prefix)}
-        theirs = {k: tuple(v) for k, v in shapes.items() if k.startswith(prefix)}
+        mine = {k: tuple(v.shape) for k, v in own.items() if _grown_key(k, prefix)}
+        theirs = {k: tuple(v) for k, v in shapes.items() if _grown_key(k, prefix)}
         if mine == theirs:
             continue
         key = sorted(set(mine) ^ set(theirs) or
@@ -207,6 +208,12 @@ def check_structure_fits_weights(model: nn.Module, module: str | None,
             f"{_shape_or_none(mine.get(key))} but the weights hold "
             f"{_shape_or_none(theirs.get(key))}. Resume from a checkpoint folder as it was "
             "written (both files from the same save); nothing was changed")
+
+
+def _grown_key(key: str, prefix: str) -> bool:
+    """True for a dendrite tensor of the layer at ``prefix`` (its base layer's own weights
+    left out: a framework may save a tied base weight under another name only)."""
+    return key.startswith(prefix) and not key[len(prefix):].startswith("base.")
 
 
 def _shape_or_none(shape: tuple[int, ...] | None) -> str:
