@@ -22,6 +22,7 @@ from ..checkpoint.model_state import shadow_copy
 from ..config import PerforaConfig, nearest_name
 from ..errors import CheckpointError, ConfigError
 from ..growth import Decision, GrowthController
+from ..growth.rehearsal import framework_state
 from ..growth.saved_run import load_checkpoint
 from ..nn.layers import dendritic_layers
 from ..nn.perforation import fit_structure, layer_specs, perforate
@@ -170,7 +171,14 @@ def read_controller_file(path: str | os.PathLike) -> Checkpoint:
 
 def apply_controller_file(ctl: GrowthController, ckpt: Checkpoint) -> None:
     """Give the model the dendrites of a :func:`read_controller_file` and restore the
-    controller from it (before the framework loads the weights into the grown model)."""
+    controller from it (before the framework loads the weights into the grown model).
+
+    Rehearsed first on a weightless copy with the saved structure (the controller and rule
+    state, the best snapshot): a file that does not fit changes nothing."""
+    shadow = shadow_copy(ctl.model)
+    if shadow is not None:
+        fit_structure(shadow, ckpt.meta["structure"], "the controller file", CheckpointError)
+        framework_state(ckpt.meta, ckpt.tensors.get("best"), shadow, ctl.backend, ctl.config)
     ctl.match_structure(ckpt.meta["structure"])
     ctl.load_state(ckpt.meta, ckpt.tensors.get("best"))
 

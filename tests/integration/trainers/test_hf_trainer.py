@@ -25,6 +25,7 @@ sys.path.insert(0, str(SCRIPTS / "trainers"))
 from hf_tiny import Blobs, TinyClassifier, TinyConfig, digest, make_trainer  # noqa: E402
 
 import perfora  # noqa: E402
+from perfora.checkpoint.format import save_checkpoint  # noqa: E402
 from perfora.integrations.transformers import (
     CONTROLLER_FILE,
     DendriteGrowthCallback,
@@ -260,3 +261,20 @@ def test_ddp_ranks_identical_after_growth_and_diverge_without_the_new_wrapper(tm
     assert control[0]["actions"].count("restructure") == 2
     assert not control[0]["ddp_covers_model"]
     assert control[0]["digest"] != control[1]["digest"]
+
+
+def test_a_controller_file_whose_best_snapshot_does_not_fit_changes_nothing(grown, tmp_path):
+    ctl = grown["growth"].controller
+    step = grown["before"][ctl.state.switch_epochs[0]]["step"]  # after the growth step
+    folder = tmp_path / "checkpoint-bad"
+    shutil.copytree(grown["out"] / f"checkpoint-{step}", folder)
+    saved = perfora.load_checkpoint(folder / CONTROLLER_FILE)
+    saved.tensors["best"]["head.base.weight"] = saved.tensors["best"]["head.base.weight"][:2]
+    save_checkpoint(folder / CONTROLLER_FILE, saved)
+    trainer = make_trainer(str(tmp_path / "out"), epochs=EPOCHS, save=True)
+    growth = _growth().bind(trainer)
+    before = _frozen(trainer.model)
+    with pytest.raises(perfora.CheckpointError, match="best snapshot"):
+        trainer.train(resume_from_checkpoint=str(folder))
+    _assert_unchanged(trainer.model, before)
+    assert growth.controller.epoch == 0
