@@ -65,12 +65,16 @@ def save_dendrites(model: nn.Module, path: str | os.PathLike, **meta: Any) -> No
               "base_checksums": base_checksums(inner), **meta}))
 
 
-def load_dendrites(model: nn.Module, path: str | os.PathLike) -> nn.Module:
+def load_dendrites(model: nn.Module, path: str | os.PathLike, *,
+                   replace: bool = False) -> nn.Module:
     """Perforate ``model`` (a freshly built base model, converted or not) as the saved one was
     and load the saved dendrites; its own base weights are kept. Returns ``model``.
 
-    Everything is checked on a weightless copy first: a file that does not fit raises
-    :class:`ShapeMismatchError` or :class:`CheckpointError` with ``model`` unchanged."""
+    Everything is checked before ``model`` changes: the set masks against the file's own
+    structure (shape, no empty set, the neurons each set feeds), every weight finite, the
+    tensors' keys and shapes on a weightless copy. A file that does not fit raises
+    :class:`ShapeMismatchError` or :class:`CheckpointError` with ``model`` unchanged.
+    A model that already has dendrites keeps them unless ``replace=True``."""
     ckpt = load_checkpoint(path)
     if ckpt.meta.get("content") != CONTENT or _GROUP not in ckpt.tensors:
         raise CheckpointError(f"{path} is not a dendrites file (save_dendrites writes those); "
@@ -81,6 +85,10 @@ def load_dendrites(model: nn.Module, path: str | os.PathLike) -> nn.Module:
                               f"{type(specs).__name__}")
     _refuse_widened(specs, f"load_dendrites(): {path}")
     _refuse_widened(layer_specs(unwrap_model(model)), "load_dendrites(): the model")
+    _check_masks(specs, state, str(path))
+    _check_finite(state, str(path))
+    if not replace:
+        _check_no_dendrites(model, str(path))
     shadow = shadow_copy(model)
     if shadow is not None:
         fit_structure(shadow, specs, str(path), ShapeMismatchError)
@@ -103,6 +111,51 @@ def _refuse_widened(specs: Any, what: str) -> None:
             "only what growth added on top of an unchanged base, but widening changed the "
             "base layers' own weights and shapes; save the whole model with "
             "perfora.save_model and load it with perfora.load_model")
+def _check_masks(specs: dict[str, Any], state: dict[str, torch.Tensor], source: str) -> None:
+    """CheckpointError unless every layer's ``dendrite_mask`` is what its structure says:
+    absent for full sets, else (sets, neurons) with each row feeding exactly the listed
+    neurons (a mask that disagrees would load the dendrites onto other neurons)."""
+    for path, spec in specs.items():
+        key = f"{path}.dendrite_mask" if path else "dendrite_mask"
+        mask, neurons = state.get(key), spec.get("neurons") if isinstance(spec, dict) else None
+        if mask is None and neurons is None:
+            continue
+        if mask is None or neurons is None:
+            has = "a set mask but no neuron lists" if neurons is None else \
+                "neuron lists but no set mask"
+            raise CheckpointError(f"{source}: layer {path!r} has {has} in its structure; the "
+                                  "file was not written by save_dendrites or was altered")
+        shape = (int(spec.get("num_dendrites", -1)), int(spec.get("num_neurons", -1)))
+        if tuple(mask.shape) != shape or mask.dtype != torch.bool:
+            raise CheckpointError(f"{source}: {key!r} has shape {tuple(mask.shape)} "
+                                  f"({mask.dtype}) but the structure says {shape} (bool)")
+        for row, (fed, listed) in enumerate(zip(mask, neurons, strict=True)):
+            got = fed.nonzero().flatten().tolist()
+            if not got:
+                raise CheckpointError(f"{source}: {key!r} row {row} is empty: dendrite set "
+                                      f"{row} would feed no neuron")
+            if got != sorted(listed):
+                raise CheckpointError(f"{source}: {key!r} row {row} feeds neurons {got[:8]} "
+                                      f"but the structure says {sorted(listed)[:8]}; the file "
+                                      "was altered")
+
+
+def _check_finite(state: dict[str, torch.Tensor], source: str) -> None:
+    """CheckpointError naming the first tensor holding NaN or infinity."""
+    for key, value in state.items():
+        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            raise CheckpointError(f"{source}: {key!r} holds NaN or infinite values (not "
+                                  "finite); the dendrites were saved from a diverged run")
+
+
+def _check_no_dendrites(model: nn.Module, source: str) -> None:
+    """CheckpointError when ``model`` already has dendrites the load would replace."""
+    grown = [p for p, layer in dendritic_layers(unwrap_model(model)).items()
+             if layer.num_dendrites]
+    if grown:
+        raise CheckpointError(f"load_dendrites({source}): the model already has dendrites in "
+                              f"{grown[:5]}; loading would replace them. Pass replace=True "
+                              "to replace them, or load into a freshly built base model")
 
 
 def _check_fits(model: nn.Module, state: dict[str, torch.Tensor], source: str) -> None:

@@ -19,6 +19,7 @@ import json
 import os
 import pickle
 import shutil
+import stat
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
@@ -30,7 +31,7 @@ from torch import nn
 
 from ..distributed.collectives import is_distributed, is_rank_zero
 from ..errors import CheckpointError
-from .files import _fsync_folder, atomic_write_text, durable_writes
+from .files import _fsync_folder, atomic_write_text, durable_writes, read_regular_file
 from .schema import check_dict, check_list, check_str, parse_json
 
 DCP_SUFFIX = ".dcp"
@@ -283,13 +284,9 @@ class _MetadataUnpickler(pickle.Unpickler):
 def read_dcp_metadata(path: Path) -> Any:
     """DCP's ``.metadata`` of a checkpoint folder, unpickled with the allow-list above."""
     file = path / ".metadata"
-    try:
-        size = file.stat().st_size
-        if size > MAX_DCP_METADATA_BYTES:
-            raise CheckpointError(f"{file} has {size} bytes, more than DCP metadata may have")
-        data = file.read_bytes()
-    except OSError as exc:
-        raise CheckpointError(f"{path} is incomplete: no readable DCP metadata ({exc})") from exc
+    if not os.path.lexists(file):
+        raise CheckpointError(f"{path} is incomplete: no DCP metadata (.metadata)")
+    data = read_regular_file(file, MAX_DCP_METADATA_BYTES, "DCP metadata")
     try:
         metadata = _MetadataUnpickler(io.BytesIO(data)).load()
     except CheckpointError:
@@ -325,11 +322,18 @@ def _tensor_shapes(path: Path, metadata: Any) -> Shapes:
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     names = {p.name for p in path.iterdir()}
+    ends: dict[str, int] = {}
     for index, info in metadata.storage_data.items():
         file = getattr(info, "relative_path", None)
         if not isinstance(file, str) or "/" in file or "\\" in file or file not in names:
             raise CheckpointError(f"{path} is incomplete: the shard file {str(file)[:80]!r} "
                                   f"of {getattr(index, 'fqn', '?')!r} is missing")
+        offset, length = getattr(info, "offset", None), getattr(info, "length", None)
+        if not isinstance(offset, int) or not isinstance(length, int) or offset < 0 \
+                or length < 0:
+            raise CheckpointError(f"{path}: DCP metadata gives {file!r} no valid byte range")
+        ends[file] = max(ends.get(file, 0), offset + length)
+    _check_shard_sizes(path, ends)
     planner = metadata.planner_data if isinstance(metadata.planner_data, dict) else {}
     shapes: Shapes = {}
     for fqn, item in metadata.state_dict_metadata.items():
@@ -345,6 +349,21 @@ def _tensor_shapes(path: Path, metadata: Any) -> Shapes:
     return shapes
 
 
+def _check_shard_sizes(path: Path, ends: Mapping[str, int]) -> None:
+    """Each shard file is a regular file exactly as long as DCP's metadata says its items
+    reach: a truncated shard, or one from another checkpoint, is refused before any tensor
+    is read (and before the model changes)."""
+    for name, end in sorted(ends.items()):
+        info = os.lstat(path / name)
+        if not stat.S_ISREG(info.st_mode):
+            raise CheckpointError(f"{path}: the shard {name!r} is not a regular file")
+        if info.st_size != end:
+            what = "truncated" if info.st_size < end else "longer than its metadata says"
+            raise CheckpointError(f"{path}: the shard {name!r} has {info.st_size} bytes but "
+                                  f"the DCP metadata says {end}: it is {what}, or a shard of "
+                                  "another checkpoint; load an intact checkpoint")
+
+
 def read_dcp(path: str | os.PathLike) -> tuple[dict[str, Any], Shapes, Any]:
     """perfora's JSON state, the saved tensors' shapes and DCP's metadata of a folder.
 
@@ -353,13 +372,10 @@ def read_dcp(path: str | os.PathLike) -> tuple[dict[str, Any], Shapes, Any]:
     if not path.is_dir():
         raise CheckpointError(f"no DCP checkpoint at {path}")
     file = path / META_FILE
-    try:
-        if file.stat().st_size > MAX_META_BYTES:
-            raise CheckpointError(f"{file} is larger than perfora's state may be")
-        raw = file.read_bytes()
-    except OSError as exc:
-        raise CheckpointError(f"{path} is incomplete: no {META_FILE} ({exc}); a write was "
-                              "interrupted, load the previous checkpoint") from exc
+    if not os.path.lexists(file):
+        raise CheckpointError(f"{path} is incomplete: no {META_FILE}; a write was "
+                              "interrupted, load the previous checkpoint")
+    raw = read_regular_file(file, MAX_META_BYTES, "perfora state")
     meta = check_dict(parse_json(raw, str(file)), str(file))
     if meta.get("format") != DCP_FORMAT:
         raise CheckpointError(f"{file} has format {str(meta.get('format'))[:40]!r}, "

@@ -9,6 +9,8 @@ import stat
 import tempfile
 from pathlib import Path
 
+from ..errors import CheckpointError
+
 TEMP_PATTERN = re.compile(r"^\.(?P<name>.+)\.[a-z0-9_]{8}\.tmp$")
 """Names of the temp files :func:`atomic_write_bytes` creates (``.<name>.<random>.tmp``)."""
 
@@ -113,3 +115,35 @@ RUN_FILE_NAMES = ("metrics.csv", "run.json", "best_arch_scores.csv", "history.pn
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     """Atomic write of a text file."""
     atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def read_regular_file(path: str | os.PathLike, cap: int, what: str = "file") -> bytes:
+    """The bytes of a small regular file, at most ``cap`` of them, else CheckpointError.
+
+    Opened without following a symlink and without blocking (a FIFO cannot hang the load),
+    checked to be a regular file after opening (not a device like ``/dev/zero``), and capped
+    by the bytes actually read (``cap + 1`` are asked for), not by what ``stat`` claims."""
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | \
+        getattr(os, "O_BINARY", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        raise CheckpointError(f"cannot read the {what} {path}: {exc.strerror or exc} (it must "
+                              "be a regular file, not a symlink)") from exc
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise CheckpointError(f"the {what} {path} is not a regular file (a FIFO, device "
+                                  "or folder); a checkpoint holds regular files only")
+        chunks, left = [], cap + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    if len(data) > cap:
+        raise CheckpointError(f"the {what} {path} is larger than the {cap} bytes it may have")
+    return data

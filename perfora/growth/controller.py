@@ -269,6 +269,22 @@ class GrowthController(OptimizerMethods, CheckpointMethods):
         self._writer.write_switch(self._parts(), self.checkpoint_path)
         return self._decision(Action.RESTRUCTURE, "added on request")
 
+    def restore_best(self) -> nn.Module:
+        """Give the model the best snapshot's structure and weights now; returns the model to
+        use from then on (a new DDP/DataParallel wrapper where the structure changed).
+
+        Completion does this itself; call it when your loop ends first (its epoch or step
+        budget ran out), in a native loop, Lightning or elsewhere, so the run ends with its
+        best model, not its last. The optimizer it manages is rebuilt over the restored
+        model. Under torch.distributed every rank must call it. OrderError before any score
+        was reported (there is no best model yet)."""
+        if self._best is None:
+            raise OrderError("restore_best() before any score was reported: there is no best "
+                             "model yet; call step(score) once per evaluation first")
+        self._rewind_to_best()
+        self._rebuild_after_change()
+        return self.model
+
     def finish(self) -> None:
         """Write the summary tables and graph now (also done at restructures and the end)."""
         self._writer.finish(self._parts(), self.checkpoint_path)

@@ -18,12 +18,14 @@ import torch
 from torch import nn
 
 from ..checkpoint.format import Checkpoint, save_checkpoint
+from ..checkpoint.model_state import shadow_copy
 from ..config import PerforaConfig, nearest_name
 from ..errors import CheckpointError, ConfigError
 from ..growth import Decision, GrowthController
+from ..growth.rehearsal import framework_state
 from ..growth.saved_run import load_checkpoint
 from ..nn.layers import dendritic_layers
-from ..nn.perforation import layer_specs, perforate
+from ..nn.perforation import fit_structure, layer_specs, perforate
 
 MODES = ("min", "max")
 """The directions a monitored metric can improve in: ``"min"`` (a loss), ``"max"``."""
@@ -159,11 +161,68 @@ def save_controller_file(ctl: GrowthController, path: str | os.PathLike) -> None
     save_checkpoint(path, Checkpoint(tensors=tensors, meta=json.loads(json.dumps(meta))))
 
 
-def load_controller_file(ctl: GrowthController, path: str | os.PathLike) -> None:
-    """Give the model the dendrites saved by :func:`save_controller_file` and restore the
-    controller from it (before the framework loads the weights into the grown model)."""
+def read_controller_file(path: str | os.PathLike) -> Checkpoint:
+    """The checked content of a file :func:`save_controller_file` wrote (nothing changes)."""
     ckpt = load_checkpoint(path)
-    if "structure" not in ckpt.meta:
+    if not isinstance(ckpt.meta.get("structure"), dict):
         raise CheckpointError(f"{path}: structure: missing")
+    return ckpt
+
+
+def apply_controller_file(ctl: GrowthController, ckpt: Checkpoint) -> None:
+    """Give the model the dendrites of a :func:`read_controller_file` and restore the
+    controller from it (before the framework loads the weights into the grown model).
+
+    Rehearsed first on a weightless copy with the saved structure (the controller and rule
+    state, the best snapshot): a file that does not fit changes nothing."""
+    shadow = shadow_copy(ctl.model)
+    if shadow is not None:
+        fit_structure(shadow, ckpt.meta["structure"], "the controller file", CheckpointError)
+        framework_state(ckpt.meta, ckpt.tensors.get("best"), shadow, ctl.backend, ctl.config)
     ctl.match_structure(ckpt.meta["structure"])
     ctl.load_state(ckpt.meta, ckpt.tensors.get("best"))
+
+
+def load_controller_file(ctl: GrowthController, path: str | os.PathLike) -> None:
+    """:func:`read_controller_file`, then :func:`apply_controller_file`."""
+    apply_controller_file(ctl, read_controller_file(path))
+
+
+def check_structure_fits_weights(model: nn.Module, module: str | None,
+                                 specs: Mapping[str, Mapping[str, Any]],
+                                 shapes: Mapping[str, tuple[int, ...]], source: str) -> None:
+    """CheckpointError unless the saved weights ``shapes`` (the whole model's state-dict keys
+    and shapes) hold exactly the dendrite tensors that ``specs`` gives the dendritic layers
+    of the ``module`` submodule of ``model``: rehearsed on a weightless copy, so ``model``
+    never changes."""
+    shadow = shadow_copy(model)
+    if shadow is None:  # a model that cannot be copied: the framework's own load checks
+        return
+    target = shadow.get_submodule(module) if module else shadow
+    fit_structure(target, specs, source, CheckpointError)
+    own = shadow.state_dict()
+    for path in dendritic_layers(target):
+        prefix = ".".join(p for p in (module, path) if p)
+        prefix = f"{prefix}." if prefix else ""
+        mine = {k: tuple(v.shape) for k, v in own.items() if _grown_key(k, prefix)}
+        theirs = {k: tuple(v) for k, v in shapes.items() if _grown_key(k, prefix)}
+        if mine == theirs:
+            continue
+        key = sorted(set(mine) ^ set(theirs) or
+                     {k for k in mine if mine[k] != theirs[k]})[0]
+        raise CheckpointError(
+            f"{source}: the controller file and the model weights are from different points "
+            f"of the run: for {key!r} the controller file's dendrite structure gives "
+            f"{_shape_or_none(mine.get(key))} but the weights hold "
+            f"{_shape_or_none(theirs.get(key))}. Resume from a checkpoint folder as it was "
+            "written (both files from the same save); nothing was changed")
+
+
+def _grown_key(key: str, prefix: str) -> bool:
+    """True for a dendrite tensor of the layer at ``prefix`` (its base layer's own weights
+    left out: a framework may save a tied base weight under another name only)."""
+    return key.startswith(prefix) and not key[len(prefix):].startswith("base.")
+
+
+def _shape_or_none(shape: tuple[int, ...] | None) -> str:
+    return "no such tensor" if shape is None else f"shape {shape}"

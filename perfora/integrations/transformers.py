@@ -29,6 +29,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..checkpoint.files import read_regular_file
+from ..checkpoint.schema import MAX_HEADER_BYTES
+from ..checkpoint.weight_files import folder_shapes
 from ..config import PerforaConfig
 from ..errors import CheckpointError, ConfigError, OrderError, PerforaError
 from ..growth import GrowthController
@@ -37,10 +40,12 @@ from ..nn.layers import unwrap_model
 from ._common import (
     CONTROLLER_FILE,
     GrowthCallback,
+    apply_controller_file,
     check_mode,
+    check_structure_fits_weights,
     did_you_mean,
-    load_controller_file,
     perforate_once,
+    read_controller_file,
     read_score,
     save_controller_file,
 )
@@ -55,6 +60,12 @@ try:
         TrainingArguments,
     )
     from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
+    from transformers.utils import (
+        SAFE_WEIGHTS_INDEX_NAME,
+        SAFE_WEIGHTS_NAME,
+        WEIGHTS_INDEX_NAME,
+        WEIGHTS_NAME,
+    )
 except ImportError as exc:  # pragma: no cover - depends on what is installed
     raise ImportError("perfora.integrations.transformers needs Hugging Face transformers: "
                       "pip install transformers") from exc
@@ -73,7 +84,10 @@ class DendriteGrowthCallback(GrowthCallback, TrainerCallback):
     perforate (``None``: the whole model); ``perforate_kwargs`` go to
     :func:`perfora.perforate`; ``config`` or keyword ``settings`` are
     :class:`~perfora.PerforaConfig` fields. Run files go to ``run_dir`` (default
-    ``<output_dir>/perfora``; ``write_files=False``: none). Call :meth:`bind` with the
+    ``<output_dir>/perfora``; ``write_files=False``: none). A run whose epochs or
+    ``max_steps`` run out before growth completes ends with its best model (the best
+    snapshot's structure and weights, as completion does), unless
+    ``restore_best_at_end=False`` (then it ends with its last one). Call :meth:`bind` with the
     Trainer before ``train``.
     """
 
@@ -85,7 +99,7 @@ class DendriteGrowthCallback(GrowthCallback, TrainerCallback):
                  config: PerforaConfig | None = None,
                  perforate_kwargs: Mapping[str, Any] | None = None,
                  run_dir: str | os.PathLike | None = None, write_files: bool = True,
-                 **settings: Any) -> None:
+                 restore_best_at_end: bool = True, **settings: Any) -> None:
         if mode is not None:
             check_mode(mode)
         if monitor is not None and (not isinstance(monitor, str) or not monitor):
@@ -96,6 +110,7 @@ class DendriteGrowthCallback(GrowthCallback, TrainerCallback):
         self.growth_config(mode or "min")  # invalid settings fail here, not at bind
         self.config: PerforaConfig | None = None
         self.run_dir, self.write_files = run_dir, write_files
+        self.restore_best_at_end = bool(restore_best_at_end)
         self.trainer: Trainer | None = None
         self._warned_missing = False
 
@@ -186,6 +201,11 @@ class DendriteGrowthCallback(GrowthCallback, TrainerCallback):
 
     def on_train_end(self, args: TrainingArguments, state: TrainerState,
                      control: TrainerControl, **kwargs: Any) -> None:
+        trainer, ctl = self.trainer, self.controller
+        if self.restore_best_at_end and trainer is not None and ctl is not None and \
+                not ctl.completed and ctl.best_snapshot is not None:
+            ctl.restore_best()  # the epochs or max_steps ran out first: end with the best
+            self.rebuild(trainer)
         self._finish()
 
     # ------------------------------------------------------------------ growth
@@ -274,7 +294,12 @@ class DendriteGrowthCallback(GrowthCallback, TrainerCallback):
             raise CheckpointError(f"{folder} has no {CONTROLLER_FILE}: it was not written "
                                   "by a Trainer with a bound DendriteGrowthCallback, so its "
                                   "weights may not fit the perforated model")
-        load_controller_file(self.controller, path)
+        ckpt = read_controller_file(path)
+        assert self.trainer is not None
+        shapes = _weight_shapes(Path(folder))
+        check_structure_fits_weights(unwrap_model(self.trainer.model), self.module_path,
+                                     ckpt.meta["structure"], shapes, str(folder))
+        apply_controller_file(self.controller, ckpt)
 
 
 def _check_trainer(trainer: Any) -> None:
@@ -286,17 +311,36 @@ def _check_trainer(trainer: Any) -> None:
         raise PerforaError("DendriteGrowthCallback supports single-device and DDP Trainer runs; "
                            "DeepSpeed and FSDP shard the parameters, so perfora cannot add "
                            "dendrites in place under them (use the Lightning callback for FSDP)")
+    strategy = getattr(trainer.args, "eval_strategy", None) or \
+        getattr(trainer.args, "evaluation_strategy", "no")
+    if str(getattr(strategy, "value", strategy)) == "no":
+        raise ConfigError('TrainingArguments(eval_strategy="no") never evaluates, so the '
+                          "growth callback gets no score and nothing can grow: set "
+                          'eval_strategy="epoch" and metric_for_best_model (the metric to '
+                          "monitor), and give the Trainer an eval_dataset")
     if getattr(trainer.args, "load_best_model_at_end", False):
         raise ConfigError("TrainingArguments(load_best_model_at_end=True) would load a Trainer "
                           "checkpoint at the end, possibly of another dendrite structure, over "
-                          "the best model perfora restores itself at completion; set it to "
-                          "False (the grown run ends with its best model either way)")
+                          "the best model perfora restores itself (at completion, and when "
+                          "the epochs or max_steps run out first); set it to False, and keep "
+                          "DendriteGrowthCallback(restore_best_at_end=True), the default")
     if trainer.optimizer is not None or trainer.lr_scheduler is not None:
         raise ConfigError("Trainer(optimizers=(...)) holds an optimizer built before perfora "
                           "perforated the model, and perfora rebuilds the optimizer after every "
                           "growth step with trainer.create_optimizer(): pass "
                           "optimizer_cls_and_kwargs=(cls, kwargs) or TrainingArguments(optim=..., "
                           "lr_scheduler_type=...) instead")
+
+
+def _weight_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
+    """Keys and shapes of the model weights the Trainer saved in ``folder`` (headers only)."""
+    for single, index in ((SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME),
+                          (WEIGHTS_NAME, WEIGHTS_INDEX_NAME)):
+        shapes = folder_shapes(folder, single, index)
+        if shapes is not None:
+            return shapes
+    raise CheckpointError(f"{folder} has no model weights ({SAFE_WEIGHTS_NAME} or "
+                          f"{WEIGHTS_NAME}, or their index): not a Trainer checkpoint folder")
 
 
 def _resolve_monitor(monitor: str | None, mode: str | None,
@@ -359,7 +403,8 @@ def load_grown_pretrained(model: nn.Module, folder: str | os.PathLike, *,
     if single.is_file():
         files = [single]
     elif index.is_file():
-        shards = json.loads(index.read_text())["weight_map"].values()
+        shards = json.loads(read_regular_file(index, MAX_HEADER_BYTES, "weights index")
+                            )["weight_map"].values()
         files = [folder / name for name in sorted(set(shards))]
     else:
         raise CheckpointError(f"{folder} has neither model.safetensors nor its index")

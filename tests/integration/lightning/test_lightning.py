@@ -259,6 +259,28 @@ def test_a_saved_checkpoint_loads_into_a_fresh_module_for_inference(tmp_path):
 
 
 @pytest.mark.timeout(120)
+def test_restore_best_after_a_fit_that_ended_before_completion(tmp_path):
+    torch.manual_seed(0)
+    model = DigitsNet()
+    growth = DendriteGrowth(monitor="val_acc", mode="max", module="net", switch_mode="fixed",
+                            fixed_switch_num=2, max_dendrites=3)
+    trainer = _trainer(tmp_path, growth, max_epochs=3)
+    train, val = digits_loaders(100)
+    trainer.fit(model, train, val)
+    ctl = growth.controller
+    assert not ctl.completed and ctl.num_dendrites == 1
+    structure, best = ctl.best_snapshot
+    with torch.no_grad():  # stands for epochs that made it worse
+        for p in model.net.parameters():
+            p.add_(0.5)
+    restored = ctl.restore_best()
+    assert restored is model.net and ctl.num_dendrites == structure["0"]["num_dendrites"]
+    state = model.net.state_dict()
+    assert state.keys() == best.keys()
+    assert all(torch.equal(state[k], v) for k, v in best.items())
+
+
+@pytest.mark.timeout(120)
 def test_a_missing_monitor_names_the_logged_metrics(tmp_path):
     growth = DendriteGrowth(monitor="val_accuracy", mode="max", module="net")
     train, val = digits_loaders(200)

@@ -10,6 +10,7 @@ The runs are shared by the module's tests (one module-scoped fixture), to keep i
 
 from __future__ import annotations
 
+import os
 import shutil
 import warnings
 from pathlib import Path
@@ -22,6 +23,7 @@ import perfora
 from perfora.checkpoint.dcp import META_FILE, old_path
 from perfora.errors import CheckpointError
 from perfora.growth.restart import newest_switch
+from perfora.nn.perforation import layer_specs
 from perfora.parallel.sharded_state import gather_optimizer_state
 from tests.support.ranks import run_world
 
@@ -224,7 +226,9 @@ def _fresh() -> perfora.GrowthController:
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("damage", ["no_meta", "no_metadata", "no_shard", "truncated_shard",
-                                    "garbled_metadata", "pickle_payload"])
+                                    "garbled_metadata", "pickle_payload", "other_shard",
+                                    "meta_dev_zero", "metadata_dev_zero", "meta_fifo",
+                                    "metadata_fifo"])
 def test_a_corrupt_or_partial_folder_raises_checkpoint_error_naming_it(runs, tmp_path, damage):
     folder = _copy(runs, tmp_path)
     if damage == "no_meta":
@@ -238,6 +242,17 @@ def test_a_corrupt_or_partial_folder_raises_checkpoint_error_naming_it(runs, tmp
         shard.write_bytes(shard.read_bytes()[:100])
     elif damage == "garbled_metadata":
         (folder / ".metadata").write_bytes(b"\x80\x04not a pickle")
+    elif damage == "other_shard":  # the shard of another checkpoint (another structure)
+        shutil.copy(runs["data"] / "fsdp2" / "switch_1.dcp" / "__0_0.distcp",
+                    folder / "__0_0.distcp")
+    elif damage.endswith("_dev_zero"):  # endless: read without a cap it exhausts memory
+        name = META_FILE if damage.startswith("meta_") else ".metadata"
+        (folder / name).unlink()
+        (folder / name).symlink_to("/dev/zero")
+    elif damage.endswith("_fifo"):  # nobody writes: a blocking read hangs for ever
+        name = META_FILE if damage.startswith("meta_") else ".metadata"
+        (folder / name).unlink()
+        os.mkfifo(folder / name)
     else:  # a .metadata that would run code when unpickled with pickle.load
         import pickle
 
@@ -248,15 +263,16 @@ def test_a_corrupt_or_partial_folder_raises_checkpoint_error_naming_it(runs, tmp
         (folder / ".metadata").write_bytes(pickle.dumps(Evil()))
     ctl = _fresh()
     before = {k: v.clone() for k, v in ctl.model.state_dict().items()}
+    specs, state = layer_specs(ctl.model), ctl.state_dict()
     with pytest.raises(CheckpointError, match="broken.dcp"):
         ctl.load(folder)
     with pytest.raises(CheckpointError, match="broken.dcp"):
         perfora.resume(make_model(seed=3), folder)
     assert not (tmp_path / "pwned").exists()
-    if damage != "truncated_shard":  # checked before anything changes
-        after = ctl.model.state_dict()
-        assert before.keys() == after.keys()
-        assert all(torch.equal(v, after[k]) for k, v in before.items())
+    after = ctl.model.state_dict()  # checked before anything changes
+    assert before.keys() == after.keys()
+    assert all(torch.equal(v, after[k]) for k, v in before.items())
+    assert layer_specs(ctl.model) == specs and ctl.state_dict() == state
 
 
 @pytest.mark.timeout(60)

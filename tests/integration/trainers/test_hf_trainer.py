@@ -7,6 +7,7 @@ wrapper diverges)."""
 from __future__ import annotations
 
 import copy
+import shutil
 import sys
 from typing import Any
 
@@ -24,11 +25,13 @@ sys.path.insert(0, str(SCRIPTS / "trainers"))
 from hf_tiny import Blobs, TinyClassifier, TinyConfig, digest, make_trainer  # noqa: E402
 
 import perfora  # noqa: E402
+from perfora.checkpoint.format import save_checkpoint  # noqa: E402
 from perfora.integrations.transformers import (
     CONTROLLER_FILE,
     DendriteGrowthCallback,
     load_grown_pretrained,
 )
+from perfora.nn.perforation import layer_specs  # noqa: E402
 from tests.support.two_ranks import run_two_ranks  # noqa: E402
 
 # the tests here share module-scoped runs: keep them on one pytest-xdist worker
@@ -172,6 +175,74 @@ def test_clear_errors_for_setups_it_cannot_grow(tmp_path):
     best_at_end.args.load_best_model_at_end = True
     with pytest.raises(perfora.ConfigError, match="load_best_model_at_end"):
         DendriteGrowthCallback().bind(best_at_end)
+    no_eval = make_trainer(str(tmp_path), epochs=1)
+    no_eval.args.eval_strategy = "no"
+    before = _frozen(no_eval.model)
+    with pytest.raises(perfora.ConfigError, match=r"eval_strategy=\"epoch\".*metric_for_best"):
+        DendriteGrowthCallback().bind(no_eval)
+    _assert_unchanged(no_eval.model, before)  # not even perforated
+
+
+@pytest.mark.parametrize("restore", [True, False])
+def test_a_run_that_ends_before_completion_ends_with_the_best_model(tmp_path, restore):
+    """6 epochs: one growth step, no completion; the last score is below the best."""
+    trainer = make_trainer(str(tmp_path), epochs=6)
+    growth = DendriteGrowthCallback(monitor="eval_accuracy", patience=2, max_dendrites=2,
+                                    seed=0, dendrite_init="default", write_files=False,
+                                    restore_best_at_end=restore).bind(trainer)
+    trainer.train()
+    ctl = growth.controller
+    assert not ctl.completed and "restructure" in [r["event"] for r in ctl.state.history]
+    last = ctl.state.history[-1]["val_score"]
+    assert last < ctl.best_score
+    score = trainer.evaluate()["eval_accuracy"]
+    if not restore:
+        assert score == last and trainer.model.head.num_dendrites == 1
+        return
+    assert score == ctl.best_score
+    structure, best = ctl.best_snapshot
+    state = trainer.model.state_dict()
+    assert all(torch.equal(state[k], v) for k, v in best.items())
+    assert trainer.model.head.num_dendrites == structure["head"]["num_dendrites"] == 0
+    held = {id(p) for g in trainer.optimizer.param_groups for p in g["params"]}
+    assert all(id(p) in held for p in trainer.model.parameters())
+
+
+def _frozen(model) -> tuple[dict, dict]:
+    return ({k: v.clone() for k, v in model.state_dict().items()}, layer_specs(model))
+
+
+def _assert_unchanged(model, before) -> None:
+    tensors, specs = before
+    state = model.state_dict()
+    assert state.keys() == tensors.keys()
+    assert all(torch.equal(state[k], v) for k, v in tensors.items())
+    assert layer_specs(model) == specs
+
+
+@pytest.mark.parametrize("controller_from", ["later", "earlier"])
+def test_a_controller_file_from_another_point_of_the_run_is_refused(grown, tmp_path,
+                                                                    controller_from):
+    """The weights of one checkpoint with the controller file of another, across a growth
+    step: refused before the model (or anything else) changes."""
+    ctl = grown["growth"].controller
+    switch = ctl.state.switch_epochs[0]
+    pre, post = (grown["out"] / f"checkpoint-{grown['before'][e - 1]['step']}"
+                 for e in (switch - 1, switch + 1))
+    weights, controller = (pre, post) if controller_from == "later" else (post, pre)
+    folder = tmp_path / "checkpoint-crossed"
+    shutil.copytree(weights, folder)
+    shutil.copy(controller / CONTROLLER_FILE, folder / CONTROLLER_FILE)
+    trainer = make_trainer(str(tmp_path / "out"), epochs=EPOCHS, save=True)
+    growth = _growth().bind(trainer)
+    if controller_from == "earlier":  # resume into a model that has grown already
+        growth.restore(post)
+    before = _frozen(trainer.model)
+    history = list(growth.controller.state.history)
+    with pytest.raises(perfora.CheckpointError, match="different points of the run"):
+        trainer.train(resume_from_checkpoint=str(folder))
+    _assert_unchanged(trainer.model, before)
+    assert growth.controller.state.history == history
 
 
 
@@ -190,3 +261,20 @@ def test_ddp_ranks_identical_after_growth_and_diverge_without_the_new_wrapper(tm
     assert control[0]["actions"].count("restructure") == 2
     assert not control[0]["ddp_covers_model"]
     assert control[0]["digest"] != control[1]["digest"]
+
+
+def test_a_controller_file_whose_best_snapshot_does_not_fit_changes_nothing(grown, tmp_path):
+    ctl = grown["growth"].controller
+    step = grown["before"][ctl.state.switch_epochs[0]]["step"]  # after the growth step
+    folder = tmp_path / "checkpoint-bad"
+    shutil.copytree(grown["out"] / f"checkpoint-{step}", folder)
+    saved = perfora.load_checkpoint(folder / CONTROLLER_FILE)
+    saved.tensors["best"]["head.base.weight"] = saved.tensors["best"]["head.base.weight"][:2]
+    save_checkpoint(folder / CONTROLLER_FILE, saved)
+    trainer = make_trainer(str(tmp_path / "out"), epochs=EPOCHS, save=True)
+    growth = _growth().bind(trainer)
+    before = _frozen(trainer.model)
+    with pytest.raises(perfora.CheckpointError, match="best snapshot"):
+        trainer.train(resume_from_checkpoint=str(folder))
+    _assert_unchanged(trainer.model, before)
+    assert growth.controller.epoch == 0

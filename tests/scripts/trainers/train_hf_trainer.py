@@ -40,8 +40,11 @@ def main() -> None:
                            ddp_backend="gloo", gradient_accumulation_steps=2)
     rank = trainer.args.process_index
     cls = StaleWrapper if args.stale else DendriteGrowthCallback
+    # the run ends before completion: keep the last (grown) model, whose ranks are compared,
+    # instead of the best snapshot (restore_best_at_end is tested in process)
     growth = cls(monitor="eval_loss", patience=1, max_dendrites=3, seed=0,
-                 improvement_threshold=0.5, dendrite_init="default").bind(trainer)
+                 improvement_threshold=0.5, dendrite_init="default",
+                 restore_best_at_end=False).bind(trainer)
     trainer.train()
     ctl = growth.controller
     assert ctl is not None

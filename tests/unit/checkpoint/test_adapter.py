@@ -9,6 +9,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import perfora
+from perfora.checkpoint.format import save_checkpoint
+from perfora.nn.perforation import layer_specs
 
 
 def _pretrained(seed: int = 0, width: int = 64) -> nn.Module:
@@ -88,3 +90,80 @@ def test_full_checkpoint_is_not_a_dendrites_file(tmp_path):
 def test_saving_an_unperforated_model_is_an_error(tmp_path):
     with pytest.raises(perfora.CheckpointError, match="no dendritic layers"):
         perfora.save_dendrites(_pretrained(), tmp_path / "x.safetensors")
+
+
+# ---------------------------------------------------------------- refused loads change nothing
+def _frozen(model: nn.Module) -> tuple[dict, dict]:
+    """The model's tensors (cloned) and structure, to compare after a refused load."""
+    return ({k: v.clone() for k, v in model.state_dict().items()},
+            layer_specs(model) if perfora.dendritic_layers(model) else {})
+
+
+def _assert_unchanged(model: nn.Module, before: tuple[dict, dict]) -> None:
+    tensors, specs = before
+    now = model.state_dict()
+    assert now.keys() == tensors.keys()
+    assert all(torch.equal(now[k], v) for k, v in tensors.items())
+    assert (layer_specs(model) if perfora.dendritic_layers(model) else {}) == specs
+
+
+def _crafted(tmp_path, edit) -> object:
+    """The selective adapter file, changed by ``edit(tensors, meta)`` and written again."""
+    _, path, _ = _adapted(tmp_path)
+    ckpt = perfora.load_checkpoint(path)
+    edit(ckpt.tensors["dendrites"], ckpt.meta)
+    out = tmp_path / "crafted.safetensors"
+    save_checkpoint(out, ckpt)
+    return out
+
+
+def _empty_row(tensors, meta):
+    tensors["2.dendrite_mask"][1] = False
+
+
+def _other_neurons(tensors, meta):  # the mask feeds neurons 1 and 2, the structure says 0, 3
+    mask = tensors["2.dendrite_mask"]
+    mask[1] = False
+    mask[1, [1, 2]] = True
+
+
+def _nan_weight(tensors, meta):
+    tensors["2.out_weight"][0, 0] = float("nan")
+
+
+def _mask_of_another_shape(tensors, meta):
+    tensors["2.dendrite_mask"] = torch.ones(3, 64, dtype=torch.bool)
+
+
+@pytest.mark.parametrize("edit, match", [
+    (_empty_row, "empty"), (_other_neurons, "structure"), (_nan_weight, "finite"),
+    (_mask_of_another_shape, "shape"),
+])
+@pytest.mark.parametrize("perforated", [False, True])
+def test_a_crafted_adapter_is_refused_before_the_model_changes(tmp_path, edit, match,
+                                                               perforated):
+    path = _crafted(tmp_path, edit)
+    fresh = _pretrained()
+    if perforated:
+        perfora.perforate(fresh)
+    before = _frozen(fresh)
+    with pytest.raises(perfora.CheckpointError, match=match):
+        perfora.load_dendrites(fresh, path)
+    _assert_unchanged(fresh, before)
+    assert bool(perfora.dendritic_layers(fresh)) == perforated
+
+
+def test_loading_over_existing_dendrites_needs_replace(tmp_path):
+    model, path, x = _adapted(tmp_path)
+    other = _pretrained()
+    perfora.perforate(other)
+    generator = torch.Generator().manual_seed(5)
+    for layer in perfora.dendritic_layers(other).values():
+        layer.grow(generator)
+    before = _frozen(other)
+    with pytest.raises(perfora.CheckpointError, match="replace=True"):
+        perfora.load_dendrites(other, path)
+    _assert_unchanged(other, before)
+    perfora.load_dendrites(other, path, replace=True)
+    with torch.no_grad():
+        assert torch.equal(other.eval()(x), model(x))

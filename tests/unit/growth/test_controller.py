@@ -591,3 +591,28 @@ def test_bad_choice_message_lists_a_valid_choice():
 def test_controller_on_unperforated_model_is_a_conversion_error():
     with pytest.raises(ConversionError, match="perforate"):
         GrowthController(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)))
+
+
+# --------------------------------------------------------------------------- restore_best
+def test_restore_best_ends_a_loop_with_the_best_model_not_the_last():
+    """A loop whose epochs run out before completion: the best model, public call."""
+    ctl = controller(n_epochs_to_switch=2, max_dendrites=3, max_dendrite_tries=1)
+    ctl.set_optimizer(torch.optim.SGD, lr=0.1)
+    with pytest.raises(OrderError, match="no best model yet"):
+        ctl.restore_best()
+    feed(ctl, [0.5, 0.9])
+    best = snapshot(ctl.model)
+    with torch.no_grad():
+        best_out = ctl.model(X)
+    perturb(ctl.model)
+    ds = feed(ctl, [0.8, 0.8, 0.7])  # a growth step, then worse: the loop ends here
+    assert actions(ds) == [C, R, C] and not ctl.completed
+    assert layer_counts(ctl.model) == {1}
+    perturb(ctl.model)
+    model = ctl.restore_best()
+    assert model is ctl.model and layer_counts(model) == {0} and ctl.num_dendrites == 0
+    assert_state_equal(model, best)
+    with torch.no_grad():
+        assert torch.equal(model(X), best_out)
+    held = {id(p) for g in ctl.optimizer.param_groups for p in g["params"]}
+    assert {id(p) for p in model.parameters() if p.requires_grad} <= held
