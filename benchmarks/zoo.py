@@ -232,6 +232,12 @@ def run_memory_child(spec: dict) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def _ratio(value: float, reference: float) -> float:
+    """value / reference; NaN where the reference is zero (a tiny --quick model can peak
+    within the allocator's slack, so its measured extra memory is 0 bytes)."""
+    return value / reference if reference > 0 else float("nan")
+
+
 def memory_model(name: str, quick: bool, threads: int) -> dict[str, Any]:
     spec = {"model": name, "quick": quick, "threads": threads}
     plain = run_memory_child({**spec, "k": None})
@@ -240,10 +246,10 @@ def memory_model(name: str, quick: bool, threads: int) -> dict[str, Any]:
         r = run_memory_child({**spec, "k": k})
         required = plain["peak_bytes"] + required_extra(r)
         rows[f"K={k}"] = {"peak_bytes": r["peak_bytes"],
-                          "over_plain": r["peak_bytes"] / plain["peak_bytes"],
+                          "over_plain": _ratio(r["peak_bytes"], plain["peak_bytes"]),
                           "formula_bytes": required,
-                          "over_formula": r["peak_bytes"] / required,
-                          "met": r["peak_bytes"] / required <= TARGET_MEMORY}
+                          "over_formula": _ratio(r["peak_bytes"], required),
+                          "met": _ratio(r["peak_bytes"], required) <= TARGET_MEMORY}
     return {"plain_peak_bytes": plain["peak_bytes"], "variants": rows}
 
 

@@ -77,7 +77,10 @@ def test_demo_rejects_unknown_option(capsys: pytest.CaptureFixture) -> None:
 def test_readme_opens_with_the_two_commands() -> None:
     readme = (ROOT / "README.md").read_text()
     first_commands = re.findall(r"^    (\S.*)$", readme, flags=re.M)[:2]
-    assert first_commands == ['pip install -e ".[dev]" && perfora demo', "pytest -q"]
+    assert first_commands == ['pip install -e ".[demo]" && perfora demo',
+                              'pip install -e ".[dev]" && pytest -q']
+    # the CPU build's advice comes before the first command
+    assert readme.index("download.pytorch.org/whl/cpu") < readme.index(first_commands[0])
 
 
 def test_readme_loop_is_the_tested_example() -> None:
