@@ -238,7 +238,9 @@ class GrowthController(OptimizerMethods, CheckpointMethods):
                                "dendrites": st.num_dendrites, "val_score": value,
                                "test_score": test, "lr": self._slot.lr(),
                                "params": self.parameter_count(), "seconds": seconds,
-                               "event": "", **{f"extra/{k}": v for k, v in extras.items()}}
+                               "event": "", **{f"extra/{k}": v for k, v in extras.items()},
+                               **({"widenings": st.num_widenings}
+                                  if self.config.growth == "neurons" else {})}
         rule_step = self.rule.end_epoch(value, self._layers())
         row.update({f"rule/{k}": v for k, v in self.rule.metrics().items()})
         if rule_step.handled:

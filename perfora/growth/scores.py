@@ -40,6 +40,7 @@ def update_arch(state: ControllerState, config: PerforaConfig, running: float,
                                else running < entry["best_val_score"])
     if better:
         state.arch[key] = {"dendrites": state.num_dendrites, "params": params,
-                           **({"widenings": state.num_widenings} if state.num_widenings else {}),
+                           **({"widenings": state.num_widenings}
+                              if config.growth == "neurons" else {}),
                            "best_val_score": running, "test_score": test,
                            "epoch": state.epoch}

@@ -69,7 +69,7 @@ class Decision:
 
 
 _NUMERIC_COLUMNS = ("val_score", "running_score", "test_score", "lr", "params", "seconds",
-                    "dendrites")
+                    "dendrites", "widenings")
 
 
 def _check_history(rows: Any, where: str) -> None:

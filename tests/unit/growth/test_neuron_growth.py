@@ -188,3 +188,22 @@ def test_neuron_growth_is_refused_where_it_cannot_run():
                                   paths=["2"])
     with pytest.raises(PerforationError, match="no wrapped layer can gain neurons.*2: "):
         perfora.GrowthController(only_last, growth="neurons", write_files=False)
+
+
+def test_a_dataparallel_model_is_rewrapped_widened():
+    model = _model()
+    wrapped = nn.DataParallel(model)
+    ctl = perfora.GrowthController(wrapped, growth="neurons", switch_mode="every_epoch",
+                                   max_neuron_steps=1, write_files=False, neuron_init="random")
+    ctl.set_optimizer(torch.optim.SGD, lr=0.1)
+    opt, _ = ctl.build_optimizer()
+    _epoch(wrapped, opt)
+    with torch.no_grad():
+        before = wrapped(X)
+    decision = ctl.step(0.5, model=wrapped)
+    assert isinstance(decision.model, nn.DataParallel) and decision.model is not wrapped
+    assert decision.model.module[0].num_neurons == 8
+    with torch.no_grad():
+        assert torch.equal(decision.model(X), before)
+    _epoch(decision.model, decision.optimizer)  # the new wrapper trains the widened weights
+    assert decision.model.module[2].source.weight[:, 4:].abs().sum() > 0
