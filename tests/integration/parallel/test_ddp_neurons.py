@@ -29,12 +29,12 @@ def _rank_diff(model: nn.Module) -> float:
     return max((g - gathered[0]).abs().max().item() for g in gathered)
 
 
-def grow_neurons_on_rank_data(rank: int, tmp: Path) -> dict:
+def grow_neurons_on_rank_data(rank: int, tmp: Path, growth: str = "neurons") -> dict:
     torch.manual_seed(0)
     model = perfora.perforate(nn.Sequential(nn.Linear(6, 4), nn.Tanh(), nn.Linear(4, 3)))
     ddp = DDP(model)
-    ctl = perfora.GrowthController(ddp, growth="neurons", switch_mode="every_epoch",
-                                   max_neuron_steps=2, write_files=False)
+    ctl = perfora.GrowthController(ddp, growth=growth, switch_mode="every_epoch",
+                                   max_neuron_steps=2, write_files=False, candidate_steps=5)
     ctl.set_optimizer(torch.optim.Adam, lr=0.01)
     opt, _ = ctl.build_optimizer()
     gen = torch.Generator().manual_seed(rank)
@@ -70,6 +70,8 @@ def grow_neurons_on_rank_data(rank: int, tmp: Path) -> dict:
     except perfora.PerforaError as exc:
         sharded_error = str(exc)
     return {"reasons": reasons, "diffs": diffs, "exact": exact,
+            "dendrites": {p: layer.num_dendrites
+                          for p, layer in perfora.dendritic_layers(ddp).items()},
             "width": perfora.unwrap_model(ddp)[0].num_neurons,
             "is_ddp": isinstance(ddp, DDP), "sharded_error": sharded_error,
             "new_rows": perfora.unwrap_model(ddp)[0].source.weight[4:].tolist()}
@@ -86,3 +88,14 @@ def test_neuron_growth_keeps_ranks_identical_with_rank_specific_data(tmp_path):
     assert all(r0["exact"][:2]) and all(r1["exact"][:2])  # each widening kept the output
     assert r0["is_ddp"] and r1["is_ddp"]
     assert "growth='neurons' is not supported under" in (r0["sharded_error"] or "")
+
+
+@pytest.mark.timeout(150)
+def test_auto_growth_chooses_alike_on_every_rank(tmp_path):
+    r0, r1 = run_in_folder(grow_neurons_on_rank_data, tmp_path, WORLD, "auto", join_s=120)
+    assert r0["reasons"] == r1["reasons"]  # the same choice and scores, from reduced stats
+    assert "added growth step 1" in r0["reasons"][0]
+    assert r0["dendrites"] == r1["dendrites"] and r0["dendrites"]["2"] >= 1
+    assert r0["width"] == r1["width"] and r0["new_rows"] == r1["new_rows"]
+    assert set(r0["diffs"]) == set(r1["diffs"]) == {0.0}
+    assert all(r0["exact"][:2]) and all(r1["exact"][:2])
