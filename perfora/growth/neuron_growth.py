@@ -45,8 +45,14 @@ def widening_targets(model: nn.Module) -> dict[str, LayerPlan]:
     """The plan entries of the wrapped layers that can gain neurons, in forward order."""
     inner = unwrap_model(model)
     plan = plan_widening(inner)
-    return {path: plan.layers[path] for path in dendritic_layers(inner)
-            if path in plan.layers and plan.layers[path].widenable}
+    targets: dict[str, LayerPlan] = {}
+    partners: set[str] = set()
+    for path in dendritic_layers(inner):
+        entry = plan.layers.get(path)
+        if entry is not None and entry.widenable and path not in partners:
+            targets[path] = entry  # Llama's gate and up widen together, once
+            partners.update(entry.partners)
+    return targets
 
 
 def check_neuron_growth(model: nn.Module, backend: ParallelBackend,

@@ -146,8 +146,10 @@ def _out_dim(core: nn.Module) -> int:
 
 def _check_init(module: nn.Module, init: torch.Tensor | None, k: int, path: str) -> None:
     core = _core(module)
-    if isinstance(module, DendriticLayer) and module.kind == "generic":
-        raise PerforationError(f"{path}: a generic dendritic layer cannot be widened")
+    if isinstance(module, DendriticLayer) and module.kind == "generic" \
+            and module.num_dendrites:
+        raise PerforationError(f"{path}: a generic dendritic layer cannot be widened once it "
+                               "holds dendrites")
     if not (isinstance(core, (nn.Linear, *CONV_TYPES)) or is_hf_conv1d(core)):
         raise PerforationError(f"{path}: a {type(core).__name__} cannot be widened")
     if getattr(core, "groups", 1) != 1:
@@ -248,8 +250,10 @@ def widen_consumer(module: nn.Module, extra: int) -> None:
     """``extra`` zero input columns, appended, on a Linear/Conv/Conv1D or a DendriticLayer
     over one (in its base and in its dendrite bank)."""
     core = _core(module)
-    if isinstance(module, DendriticLayer) and module.kind == "generic":
-        raise PerforationError("a generic dendritic layer cannot gain input columns")
+    if isinstance(module, DendriticLayer) and module.kind == "generic" \
+            and module.num_dendrites:
+        raise PerforationError("a generic dendritic layer cannot gain input columns once it "
+                               "holds dendrites")
     outs, ins = _blocks_of(core)
     in_dim = 0 if is_hf_conv1d(core) else 1
     w = core.weight
@@ -260,7 +264,7 @@ def widen_consumer(module: nn.Module, extra: int) -> None:
         if isinstance(module, DendriticLayer):
             if module.has_candidate:
                 module.merge_candidate()
-            if module.bank_weight is not None:
+            if getattr(module, "bank_weight", None) is not None:
                 bank = module.bank_weight
                 pad = list(bank.shape)
                 pad[1] = extra
