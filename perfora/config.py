@@ -56,8 +56,8 @@ class PerforaConfig:
     unchanged) or 'auto' (per layer, whichever of a dendrite set and new neurons the error
     recorded before the step says lowers the loss faster per added parameter; at most
     ``max_neuron_steps`` steps, ``max_dendrites`` sets per layer). Neuron growth runs in one
-    process, under DataParallel and DDP; sharded backends (FSDP, DeepSpeed) refuse it. See
-    docs/neurons.md."""
+    process, under DataParallel, DDP and FSDP2 (the whole model gathered for the step); FSDP1
+    and DeepSpeed refuse it. See docs/neurons.md."""
     neuron_init: str = "gradmax"
     """Incoming weights of new neurons: 'gradmax' (the directions that give their zero
     outgoing weights the largest gradient, from the error recorded in the epoch before the

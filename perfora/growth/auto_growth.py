@@ -153,7 +153,9 @@ def grow_auto(model: nn.Module, backend: ParallelBackend, config: PerforaConfig,
 def grow_beyond_dendrites(model: nn.Module, backend: ParallelBackend, config: PerforaConfig,
                           state: ControllerState, probe: ErrorSignalProbe | None,
                           signal: WideningSignal | None) -> tuple[nn.Module, str]:
-    """A growth step of ``growth='neurons'`` or ``'auto'``: the model and what it added."""
+    """A growth step of ``growth='neurons'`` or ``'auto'``: the model and what it added.
+    A sharded model is gathered whole first (a collective); the caller shards it again."""
+    model = backend.unshard(model)
     if config.growth == "auto":
         model, choice = grow_auto(model, backend, config, state, probe, signal)
         return model, choice.describe()

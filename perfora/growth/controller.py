@@ -183,7 +183,7 @@ class GrowthController(OptimizerMethods, CheckpointMethods):
         trains; returns what a neuron step added (empty for dendrites)."""
         if self.config.growth != "dendrites":
             carried = capture(self._slot.optimizer, self._slot.scheduler, self.model) \
-                if self._slot.rebuildable else None
+                if self._slot.rebuildable and not self.backend.sharded else None
             model, added = grow_beyond_dendrites(self.model, self.backend, self.config,
                                                  self.state, self._probe, self._signal)
             self._swap(model)

@@ -59,11 +59,11 @@ def check_neuron_growth(model: nn.Module, backend: ParallelBackend,
                         growth: str = "neurons") -> None:
     """Refuse ``growth='neurons'`` (or 'auto') where no wrapped layer can gain neurons, or
     the backend cannot run it, saying why (before training starts)."""
-    if backend.sharded or backend.owns_optimizer:
+    if backend.owns_optimizer or (backend.sharded and backend.name != "fsdp2"):
         raise ParallelError(
             f"growth={growth!r} is not supported under {type(backend).__name__}: widening "
-            "resizes a layer and every layer that reads it, which a sharded model or an "
-            "engine-owned optimizer cannot take yet; use growth='dendrites', or DDP")
+            "resizes a layer and every layer that reads it, which FSDP1 and DeepSpeed "
+            "cannot re-shard yet; use growth='dendrites', or DDP or FSDP2")
     if widening_targets(model) or growth == "auto":  # auto grows dendrites there
         return
     inner = unwrap_model(model)

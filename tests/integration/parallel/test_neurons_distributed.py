@@ -1,6 +1,6 @@
-"""Neuron growth under DistributedDataParallel: 2 real CPU ranks (gloo), each on its own
-data. The GradMax rows come from the error summed over both ranks, so the widened models stay
-bit-identical; a sharded model refuses neuron growth before training starts."""
+"""Neuron growth under DistributedDataParallel and FSDP2: 2 real CPU ranks (gloo), each on its
+own data. The GradMax rows come from the error summed over both ranks, so the widened models
+stay bit-identical; FSDP1 refuses neuron growth before training starts."""
 
 from __future__ import annotations
 
@@ -58,13 +58,11 @@ def grow_neurons_on_rank_data(rank: int, tmp: Path, growth: str = "neurons") -> 
         reasons.append(decision.reason)
         diffs.append(_rank_diff(ddp))
     sharded_error = None
-    from torch.distributed.device_mesh import init_device_mesh
+    from perfora.parallel import wrap_fsdp1
 
-    from perfora.parallel import shard_fsdp2
-
-    sharded = shard_fsdp2(perfora.perforate(nn.Sequential(nn.Linear(6, 4), nn.Tanh(),
-                                                          nn.Linear(4, 3))),
-                          mesh=init_device_mesh("cpu", (WORLD,)))
+    sharded = wrap_fsdp1(perfora.perforate(nn.Sequential(nn.Linear(6, 4), nn.Tanh(),
+                                                         nn.Linear(4, 3))),
+                         device_id=torch.device("cpu"))
     try:
         perfora.GrowthController(sharded, growth="neurons", write_files=False)
     except perfora.PerforaError as exc:
@@ -87,7 +85,7 @@ def test_neuron_growth_keeps_ranks_identical_with_rank_specific_data(tmp_path):
     assert set(r0["diffs"]) == set(r1["diffs"]) == {0.0}
     assert all(r0["exact"][:2]) and all(r1["exact"][:2])  # each widening kept the output
     assert r0["is_ddp"] and r1["is_ddp"]
-    assert "growth='neurons' is not supported under" in (r0["sharded_error"] or "")
+    assert "growth='neurons' is not supported under FSDP1" in (r0["sharded_error"] or "")
 
 
 @pytest.mark.timeout(150)
@@ -99,3 +97,53 @@ def test_auto_growth_chooses_alike_on_every_rank(tmp_path):
     assert r0["width"] == r1["width"] and r0["new_rows"] == r1["new_rows"]
     assert set(r0["diffs"]) == set(r1["diffs"]) == {0.0}
     assert all(r0["exact"][:2]) and all(r1["exact"][:2])
+
+
+def grow_neurons_under_fsdp2(rank: int, tmp: Path) -> dict:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from perfora.parallel import shard_fsdp2
+
+    torch.manual_seed(0)
+    model = shard_fsdp2(perfora.perforate(nn.Sequential(nn.Linear(6, 4), nn.Tanh(),
+                                                        nn.Linear(4, 3))),
+                        mesh=init_device_mesh("cpu", (WORLD,)))
+    ctl = perfora.GrowthController(model, growth="neurons", switch_mode="every_epoch",
+                                   max_neuron_steps=2, write_files=False)
+    ctl.set_optimizer(torch.optim.Adam, lr=0.01)
+    opt, _ = ctl.build_optimizer()
+    gen = torch.Generator().manual_seed(rank)
+    x_fixed = torch.randn(8, 6, generator=torch.Generator().manual_seed(9))
+    reasons, exact, sharded, shapes = [], [], [], []
+    for epoch in range(3):
+        model.train()
+        for _ in range(3):
+            x = torch.randn(32, 6, generator=gen)
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(x), (x[:, 2 * rank] > 0).long()).backward()
+            opt.step()
+        model.eval()
+        with torch.no_grad():
+            before = model(x_fixed)
+        decision = ctl.step([0.5, 0.4, 0.3][epoch])  # the first model stays the best
+        model, opt = decision.model, decision.optimizer
+        with torch.no_grad():
+            exact.append(bool(torch.equal(model(x_fixed), before)))
+        reasons.append(decision.reason)
+        sharded.append(any(type(p).__name__ == "DTensor" for p in model.parameters()))
+        shapes.append(list(perfora.unwrap_model(model)[0].source.weight.shape))
+    full = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).tolist()
+            for k, v in model.state_dict().items()}
+    return {"reasons": reasons, "exact": exact, "sharded": sharded, "shapes": shapes,
+            "full": full}
+
+
+@pytest.mark.timeout(150)
+def test_fsdp2_widens_reshards_and_rewinds_narrower(tmp_path):
+    r0, r1 = run_in_folder(grow_neurons_under_fsdp2, tmp_path, WORLD, join_s=120)
+    assert r0["reasons"][:2] == ["plateau: added neuron step 1 (0: +4 gradmax)",
+                                 "plateau: added neuron step 2 (0: +4 gradmax)"]
+    assert r0["reasons"] == r1["reasons"]
+    assert r0["shapes"] == [[8, 6], [12, 6], [4, 6]]  # then the rewind to the first model
+    assert all(r0["exact"][:2]) and all(r0["sharded"])  # exact, and sharded again
+    assert r0["full"] == r1["full"]
