@@ -30,7 +30,7 @@ from torch import nn
 from ..errors import PerforationError
 from .blocks import BN_TYPES, CONV_TYPES, Blockwise, is_hf_conv1d, make_blocked
 from .consumers import LayerPlan, plan_widening
-from .layers import DendriticLayer, unwrap_model
+from .layers import DendriticLayer, dendritic_layers, unwrap_model
 from .narrowing import narrow_widenings
 
 
@@ -343,3 +343,27 @@ def replay_widenings(model: nn.Module, path: str, events: list[dict],
                           through=[tuple(t) for t in event["through"]],
                           partners=list(event.get("partners", [])))
         widen(model, entry, event["k"], generator=generator)
+
+
+def widen_to_saved(model: nn.Module, state: Mapping[str, torch.Tensor]) -> list[str]:
+    """Widen the wrapped layers of ``model`` whose saved base weight in ``state`` has more
+    output neurons, each in one step (the readers found by :func:`plan_widening`), so a
+    state dict saved without perfora's structure record (``save_pretrained``) loads.
+    Returns the paths widened. Computed in one block per layer, the reloaded model equals the
+    saved one within float rounding; :func:`perfora.save_model` records each step and reloads
+    to the bit."""
+    inner = unwrap_model(model)
+    widened = []
+    for path, layer in dendritic_layers(inner).items():
+        core = layer.source
+        key = next((f"{path}.{name}" for name, p in layer.named_parameters()
+                    if p is core.weight), None)
+        saved = state.get(key) if key is not None else None
+        if saved is None:
+            continue
+        od = _out_dim(core)
+        extra = int(saved.shape[od]) - int(core.weight.shape[od])
+        if extra > 0:
+            widen(inner, path, extra)
+            widened.append(path)
+    return widened

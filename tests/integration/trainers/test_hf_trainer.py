@@ -287,3 +287,19 @@ def test_a_controller_file_whose_best_snapshot_does_not_fit_changes_nothing(grow
         trainer.train(resume_from_checkpoint=str(folder))
     _assert_unchanged(trainer.model, before)
     assert growth.controller.epoch == 0
+
+
+def test_a_model_that_gained_neurons_reloads_from_save_pretrained(tmp_path):
+    torch.manual_seed(0)
+    model = perfora.perforate(TinyClassifier(TinyConfig()))
+    perfora.widen(model, "encoder.0", 3)
+    perfora.widen(model, "encoder.0", 2)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)  # every weight, the new ones too, non-zero
+    model.eval().save_pretrained(str(tmp_path))
+    fresh = load_grown_pretrained(TinyClassifier(TinyConfig()), tmp_path).eval()
+    assert fresh.encoder[0].num_neurons == model.encoder[0].num_neurons
+    assert fresh.encoder[2].base.weight.shape == model.encoder[2].base.weight.shape
+    with torch.no_grad():
+        assert torch.allclose(fresh(PROBE).logits, model(PROBE).logits, atol=1e-6)
