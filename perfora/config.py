@@ -58,11 +58,13 @@ class PerforaConfig:
     ``max_neuron_steps`` steps, ``max_dendrites`` sets per layer). Neuron growth runs in one
     process, under DataParallel, DDP and FSDP2 (the whole model gathered for the step); FSDP1
     and DeepSpeed refuse it. See docs/neurons.md."""
-    neuron_init: str = "gradmax"
-    """Incoming weights of new neurons: 'gradmax' (the directions that give their zero
-    outgoing weights the largest gradient, from the error recorded in the epoch before the
-    step; Linear layers read by a Linear) or 'random' (the layer's own initialisation). The
-    outgoing weights start at zero either way; where no signal was recorded, 'random'."""
+    neuron_init: str = "random"
+    """Incoming weights of new neurons: 'random' (the layer's own initialisation) or
+    'gradmax' (the directions that give their zero outgoing weights the largest gradient,
+    from the error recorded in the epoch before the step; Linear layers read by a Linear;
+    elsewhere, and without a recorded signal, 'random'). The outgoing weights start at zero
+    either way. 'random' is the default: it measured as good or better in
+    ``benchmarks/quality.py``."""
     neurons_per_step: float = 1.0
     """Neurons a growth step adds to a layer, as a fraction of its starting width (at least
     one): 1.0 adds as many as it started with, so widths go 1x, 2x, 3x, ..."""

@@ -34,7 +34,8 @@ def grow_neurons_on_rank_data(rank: int, tmp: Path, growth: str = "neurons") -> 
     model = perfora.perforate(nn.Sequential(nn.Linear(6, 4), nn.Tanh(), nn.Linear(4, 3)))
     ddp = DDP(model)
     ctl = perfora.GrowthController(ddp, growth=growth, switch_mode="every_epoch",
-                                   max_neuron_steps=2, write_files=False, candidate_steps=5)
+                                   max_neuron_steps=2, write_files=False, candidate_steps=5,
+                                   neuron_init="gradmax")
     ctl.set_optimizer(torch.optim.Adam, lr=0.01)
     opt, _ = ctl.build_optimizer()
     gen = torch.Generator().manual_seed(rank)
@@ -109,7 +110,8 @@ def grow_neurons_under_fsdp2(rank: int, tmp: Path) -> dict:
                                                         nn.Linear(4, 3))),
                         mesh=init_device_mesh("cpu", (WORLD,)))
     ctl = perfora.GrowthController(model, growth="neurons", switch_mode="every_epoch",
-                                   max_neuron_steps=2, write_files=False)
+                                   max_neuron_steps=2, write_files=False,
+                                   neuron_init="gradmax")
     ctl.set_optimizer(torch.optim.Adam, lr=0.01)
     opt, _ = ctl.build_optimizer()
     gen = torch.Generator().manual_seed(rank)

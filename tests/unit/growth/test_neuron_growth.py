@@ -66,7 +66,7 @@ def test_each_step_widens_every_layer_that_can_grow_and_keeps_the_output():
 
 def test_gradmax_rows_are_the_top_directions_of_the_recorded_error():
     model = _model()
-    ctl = _controller(model, max_neuron_steps=1, neurons_per_step=1.0)
+    ctl = _controller(model, max_neuron_steps=1, neurons_per_step=1.0, neuron_init="gradmax")
     # M for layer 0 = sum over rows of (gradient at its reader's output)^T (its input), from
     # the one training batch of the epoch, before the optimizer step
     kept = {}

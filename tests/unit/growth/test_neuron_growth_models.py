@@ -21,7 +21,7 @@ def _grow_once(model: nn.Module, loss_fn, batch, out_fn) -> tuple[perfora.Growth
                                                                    nn.Module]:
     ctl = perfora.GrowthController(model, growth="neurons", switch_mode="every_epoch",
                                    max_neuron_steps=1, neurons_per_step=0.25,
-                                   write_files=False)
+                                   neuron_init="gradmax", write_files=False)
     ctl.set_optimizer(torch.optim.AdamW, lr=1e-3)
     opt, _ = ctl.build_optimizer()
     model.train()
