@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -33,25 +34,37 @@ KINDS = ("fsdp2", "ddp")
 ABORT_SIGNS = ("terminate called", "SIGABRT", "exitcode  : -6")
 
 
-def launch(mode: str, kind: str, run_dir: Path, ranks: int, timeout_s: float) -> dict:
-    """One ``torchrun`` of the script; its exit code, seconds, and how it ended."""
+def _allow_core_dumps() -> None:
+    """In the launched torchrun (and so its ranks): core files allowed, for a backtrace."""
+    resource.setrlimit(resource.RLIMIT_CORE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+
+
+def launch(mode: str, kind: str, run_dir: Path, ranks: int, timeout_s: float,
+           cores: bool = False) -> dict:
+    """One ``torchrun`` of the script; its exit code, seconds, and how it ended.
+
+    It runs in a folder of its own beside ``run_dir``, where a rank's core file lands with
+    ``cores`` (a kernel ``core_pattern`` of plain ``core``)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
            str(ranks), "--max-restarts", "0", str(SCRIPT), mode, str(run_dir)]
     if kind == "ddp":
         cmd.append("--ddp")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    cwd = run_dir.parent / f"launch_{len(list(run_dir.parent.glob('launch_*')))}"
+    cwd.mkdir()
     start = time.monotonic()
     try:
-        done = subprocess.run(cmd, cwd=run_dir.parent, env=env, capture_output=True,
-                              text=True, timeout=timeout_s)
+        done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True,
+                              timeout=timeout_s,
+                              preexec_fn=_allow_core_dumps if cores else None)
         code, log = done.returncode, done.stdout + done.stderr
     except subprocess.TimeoutExpired as exc:
         code, log = None, (exc.stdout or b"").decode() + (exc.stderr or b"").decode()
     seconds = time.monotonic() - start
     aborted = any(sign in log for sign in ABORT_SIGNS)
     return {"mode": mode, "kind": kind, "exit_code": code, "seconds": round(seconds, 2),
-            "aborted": aborted, "timed_out": code is None,
+            "aborted": aborted, "timed_out": code is None, "folder": cwd.name,
             "log_tail": "" if code == 0 else log[-3000:]}
 
 
@@ -67,12 +80,12 @@ def grow(kind: str, folder: Path, ranks: int, timeout_s: float) -> Path:
 
 
 def load_and_exit(kind: str, run_dir: Path, runs: int, ranks: int,
-                  timeout_s: float) -> list[dict]:
+                  timeout_s: float, cores: bool = False) -> list[dict]:
     """``runs`` launches that load ``run_dir``, train a step and end normally."""
     results = []
     for _ in range(runs):
         (run_dir / "load_result.json").unlink(missing_ok=True)
-        result = launch("load", kind, run_dir, ranks, timeout_s)
+        result = launch("load", kind, run_dir, ranks, timeout_s, cores)
         loaded = run_dir / "load_result.json"
         result["loaded_dendrites"] = (json.loads(loaded.read_text())["dendrites"]
                                       if loaded.is_file() else None)
@@ -98,6 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--ranks", type=int, default=3, help="ranks per launch")
     ap.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS))
     ap.add_argument("--timeout-s", type=float, default=180.0, help="per launch")
+    ap.add_argument("--keep", type=Path, default=None,
+                    help="work in this (new) folder and keep it: the runs, each launch's "
+                         "folder and, where the kernel writes them there, core files")
     ap.add_argument("--json", type=Path, default=None, help=output_paths.default_help(OUTPUT))
     output_paths.add_update_stored(ap)
     return ap
@@ -114,12 +130,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.runs < 1:
         ap.error("--runs must be at least 1")
     rows, launches = [], []
+    if args.keep is not None:
+        args.keep.mkdir(parents=True)
     with tempfile.TemporaryDirectory(prefix="perfora-exit-") as tmp:
+        work = args.keep or Path(tmp)
         for kind in args.kinds:
             print(f"{kind}: growing a run, then {args.runs} load-and-exit launches on "
                   f"{args.ranks} ranks ...", flush=True)
-            run_dir = grow(kind, Path(tmp), args.ranks, args.timeout_s)
-            results = load_and_exit(kind, run_dir, args.runs, args.ranks, args.timeout_s)
+            (work / kind).mkdir()
+            run_dir = grow(kind, work / kind, args.ranks, args.timeout_s)
+            results = load_and_exit(kind, run_dir, args.runs, args.ranks, args.timeout_s,
+                                    cores=args.keep is not None)
             rows.append(summarize(kind, results))
             launches += results
     print(f"{'kind':>6} {'runs':>5} {'exit 0':>7} {'aborted':>8} {'timed out':>10} "
