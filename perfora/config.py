@@ -56,8 +56,8 @@ class PerforaConfig:
     unchanged) or 'auto' (per layer, whichever of a dendrite set and new neurons the error
     recorded before the step says lowers the loss faster per added parameter; at most
     ``max_neuron_steps`` steps, ``max_dendrites`` sets per layer). Neuron growth runs in one
-    process, under DataParallel, DDP and FSDP2 (the whole model gathered for the step); FSDP1
-    and DeepSpeed refuse it. See docs/neurons.md."""
+    process, under DataParallel, DDP, FSDP2 and FSDP1 (the whole model gathered for the step;
+    FSDP1: random init only); DeepSpeed refuses it. See docs/neurons.md."""
     neuron_init: str = "random"
     """Incoming weights of new neurons: 'random' (the layer's own initialisation) or
     'gradmax' (the directions that give their zero outgoing weights the largest gradient,

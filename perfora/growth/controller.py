@@ -69,7 +69,7 @@ class GrowthController(OptimizerMethods, CheckpointMethods):
         self.backend.check_rule(config.rule)
         self.backend.check_config(config)
         if config.growth != "dendrites":
-            check_neuron_growth(model, self.backend, config.growth)
+            check_neuron_growth(model, self.backend, config)
         self._signal = WideningSignal() if config.growth == "auto" or (
             config.growth == "neurons" and config.neuron_init == "gradmax") else None
         surgery.apply_activation(layers, config.activation)

@@ -55,18 +55,26 @@ def widening_targets(model: nn.Module) -> dict[str, LayerPlan]:
     return targets
 
 
-def check_neuron_growth(model: nn.Module, backend: ParallelBackend,
-                        growth: str = "neurons") -> None:
+def check_neuron_growth(model: nn.Module, backend: ParallelBackend, config: PerforaConfig
+                        ) -> None:
     """Refuse ``growth='neurons'`` (or 'auto') where no wrapped layer can gain neurons, or
     the backend cannot run it, saying why (before training starts)."""
-    if backend.owns_optimizer or (backend.sharded and backend.name != "fsdp2"):
+    growth = config.growth
+    if backend.owns_optimizer:
         raise ParallelError(
             f"growth={growth!r} is not supported under {type(backend).__name__}: widening "
-            "resizes a layer and every layer that reads it, which FSDP1 and DeepSpeed "
-            "cannot re-shard yet; use growth='dendrites', or DDP or FSDP2")
-    if widening_targets(model) or growth == "auto":  # auto grows dendrites there
+            "resizes a layer and every layer that reads it, and the DeepSpeed engine owns "
+            "the optimizer over the old shapes; use growth='dendrites', or DDP or FSDP2")
+    flat = backend.sharded and backend.name != "fsdp2"  # FSDP1: flat shards, no shapes
+    if flat and (growth == "auto" or config.neuron_init == "gradmax"):
+        raise ParallelError(
+            f"growth={growth!r} with neuron_init={config.neuron_init!r} is not supported "
+            "under FSDP1: its flat shards hide the shapes the recorded error signal needs; "
+            "use growth='neurons' with neuron_init='random', or FSDP2")
+    inner = unwrap_model(backend.template if flat and backend.template is not None
+                         else model)
+    if widening_targets(inner) or growth == "auto":  # auto grows dendrites there
         return
-    inner = unwrap_model(model)
     plan: WideningPlan = plan_widening(inner)
     reasons = [f"{p}: {plan.layers[p].reason}" for p in dendritic_layers(inner)
                if p in plan.layers]

@@ -1,6 +1,6 @@
-"""Neuron growth under DistributedDataParallel and FSDP2: 2 real CPU ranks (gloo), each on its
-own data. The GradMax rows come from the error summed over both ranks, so the widened models
-stay bit-identical; FSDP1 refuses neuron growth before training starts."""
+"""Neuron growth under DistributedDataParallel, FSDP2 and FSDP1: 2 real CPU ranks (gloo), each
+on its own data. The GradMax rows come from the error summed over both ranks, so the widened
+models stay bit-identical; FSDP1 refuses GradMax (its flat shards hide the shapes)."""
 
 from __future__ import annotations
 
@@ -65,7 +65,8 @@ def grow_neurons_on_rank_data(rank: int, tmp: Path, growth: str = "neurons") -> 
                                                          nn.Linear(4, 3))),
                          device_id=torch.device("cpu"))
     try:
-        perfora.GrowthController(sharded, growth="neurons", write_files=False)
+        perfora.GrowthController(sharded, growth="neurons", neuron_init="gradmax",
+                                 write_files=False)
     except perfora.PerforaError as exc:
         sharded_error = str(exc)
     return {"reasons": reasons, "diffs": diffs, "exact": exact,
@@ -86,7 +87,7 @@ def test_neuron_growth_keeps_ranks_identical_with_rank_specific_data(tmp_path):
     assert set(r0["diffs"]) == set(r1["diffs"]) == {0.0}
     assert all(r0["exact"][:2]) and all(r1["exact"][:2])  # each widening kept the output
     assert r0["is_ddp"] and r1["is_ddp"]
-    assert "growth='neurons' is not supported under FSDP1" in (r0["sharded_error"] or "")
+    assert "neuron_init='gradmax' is not supported under FSDP1" in (r0["sharded_error"] or "")
 
 
 @pytest.mark.timeout(150)
@@ -100,18 +101,18 @@ def test_auto_growth_chooses_alike_on_every_rank(tmp_path):
     assert all(r0["exact"][:2]) and all(r1["exact"][:2])
 
 
-def grow_neurons_under_fsdp2(rank: int, tmp: Path) -> dict:
+def grow_neurons_sharded(rank: int, tmp: Path, kind: str) -> dict:
     from torch.distributed.device_mesh import init_device_mesh
 
-    from perfora.parallel import shard_fsdp2
+    from perfora.parallel import shard_fsdp2, wrap_fsdp1
 
     torch.manual_seed(0)
-    model = shard_fsdp2(perfora.perforate(nn.Sequential(nn.Linear(6, 4), nn.Tanh(),
-                                                        nn.Linear(4, 3))),
-                        mesh=init_device_mesh("cpu", (WORLD,)))
+    base = perfora.perforate(nn.Sequential(nn.Linear(6, 4), nn.Tanh(), nn.Linear(4, 3)))
+    model = shard_fsdp2(base, mesh=init_device_mesh("cpu", (WORLD,))) if kind == "fsdp2" \
+        else wrap_fsdp1(base, device_id=torch.device("cpu"))
     ctl = perfora.GrowthController(model, growth="neurons", switch_mode="every_epoch",
                                    max_neuron_steps=2, write_files=False,
-                                   neuron_init="gradmax")
+                                   neuron_init="gradmax" if kind == "fsdp2" else "random")
     ctl.set_optimizer(torch.optim.Adam, lr=0.01)
     opt, _ = ctl.build_optimizer()
     gen = torch.Generator().manual_seed(rank)
@@ -132,19 +133,21 @@ def grow_neurons_under_fsdp2(rank: int, tmp: Path) -> dict:
         with torch.no_grad():
             exact.append(bool(torch.equal(model(x_fixed), before)))
         reasons.append(decision.reason)
-        sharded.append(any(type(p).__name__ == "DTensor" for p in model.parameters()))
-        shapes.append(list(perfora.unwrap_model(model)[0].source.weight.shape))
-    full = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).tolist()
-            for k, v in model.state_dict().items()}
+        sharded.append(any(type(p).__name__ == "DTensor" for p in model.parameters())
+                       or type(model).__name__ == "FullyShardedDataParallel")
+        shapes.append(list(ctl.backend.full_state(model)["0.base.weight"].shape))
+    full = {k: v.tolist() for k, v in ctl.backend.full_state(model).items()}
     return {"reasons": reasons, "exact": exact, "sharded": sharded, "shapes": shapes,
             "full": full}
 
 
 @pytest.mark.timeout(150)
-def test_fsdp2_widens_reshards_and_rewinds_narrower(tmp_path):
-    r0, r1 = run_in_folder(grow_neurons_under_fsdp2, tmp_path, WORLD, join_s=120)
-    assert r0["reasons"][:2] == ["plateau: added neuron step 1 (0: +4 gradmax)",
-                                 "plateau: added neuron step 2 (0: +4 gradmax)"]
+@pytest.mark.parametrize("kind", ["fsdp2", "fsdp1"])
+def test_a_sharded_model_widens_reshards_and_rewinds_narrower(tmp_path, kind):
+    r0, r1 = run_in_folder(grow_neurons_sharded, tmp_path, WORLD, kind, join_s=120)
+    init = "gradmax" if kind == "fsdp2" else "random"
+    assert r0["reasons"][:2] == [f"plateau: added neuron step 1 (0: +4 {init})",
+                                 f"plateau: added neuron step 2 (0: +4 {init})"]
     assert r0["reasons"] == r1["reasons"]
     assert r0["shapes"] == [[8, 6], [12, 6], [4, 6]]  # then the rewind to the first model
     assert all(r0["exact"][:2]) and all(r0["sharded"])  # exact, and sharded again
