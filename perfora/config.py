@@ -57,7 +57,8 @@ class PerforaConfig:
     recorded before the step says lowers the loss faster per added parameter; at most
     ``max_neuron_steps`` steps, ``max_dendrites`` sets per layer). Neuron growth runs in one
     process, under DataParallel, DDP, FSDP2 and FSDP1 (the whole model gathered for the step;
-    FSDP1: random init only); DeepSpeed refuses it. See docs/neurons.md."""
+    FSDP1: random init only) and DeepSpeed ZeRO 0-2; ZeRO-3 refuses it. See
+    docs/neurons.md."""
     neuron_init: str = "random"
     """Incoming weights of new neurons: 'random' (the layer's own initialisation) or
     'gradmax' (the directions that give their zero outgoing weights the largest gradient,

@@ -60,12 +60,12 @@ def check_neuron_growth(model: nn.Module, backend: ParallelBackend, config: Perf
     """Refuse ``growth='neurons'`` (or 'auto') where no wrapped layer can gain neurons, or
     the backend cannot run it, saying why (before training starts)."""
     growth = config.growth
-    if backend.owns_optimizer:
+    if backend.owns_optimizer and backend.sharded:
         raise ParallelError(
-            f"growth={growth!r} is not supported under {type(backend).__name__}: widening "
-            "resizes a layer and every layer that reads it, and the DeepSpeed engine owns "
-            "the optimizer over the old shapes; use growth='dendrites', or DDP or FSDP2")
-    flat = backend.sharded and backend.name != "fsdp2"  # FSDP1: flat shards, no shapes
+            f"growth={growth!r} is not supported under DeepSpeed ZeRO-3: widening resizes a "
+            "layer and every layer that reads it, which perfora cannot re-partition yet; use "
+            "ZeRO stage 0-2, FSDP2 or DDP, or growth='dendrites'")
+    flat = backend.sharded and backend.name == "fsdp1"  # flat shards, no shapes
     if flat and (growth == "auto" or config.neuron_init == "gradmax"):
         raise ParallelError(
             f"growth={growth!r} with neuron_init={config.neuron_init!r} is not supported "
