@@ -139,11 +139,13 @@ def time_rounds(fns: dict[str, Callable[[], Any]], rounds: int, warmup: int) -> 
         for fn in fns.values():
             fn()
     seconds: dict[str, list[float]] = {v: [] for v in fns}
-    for _ in range(rounds):
+    for i in range(rounds):
         for v, fn in fns.items():
             t0 = time.perf_counter()
             fn()
             seconds[v].append(time.perf_counter() - t0)
+        _progress(f"round {i + 1}/{rounds}: " + ", ".join(
+            f"{v} {s[-1]:.2f} s" for v, s in seconds.items()))
     out = {}
     for v, s in seconds.items():
         ratios = [a / b for a, b in zip(s, seconds["plain"])]
@@ -269,6 +271,11 @@ def print_table(results: list[dict], threads: int) -> None:
                   f"{m['over_plain']:>8.3f}x {m['over_formula']:>10.3f}x {exp:>10}")
 
 
+def _progress(message: str) -> None:
+    """A progress line on stderr (a real-size run takes many minutes)."""
+    print(f"[zoo {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command line."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -301,7 +308,9 @@ def main(argv: list[str] | None = None) -> int:
     out = output_path(args)
     results = []
     for name in args.models.split(","):
+        _progress(f"{name}: timing {rounds} rounds")
         r = time_model(name, args.quick, rounds)
+        _progress(f"{name}: memory (a fresh process per variant)")
         r["memory"] = memory_model(name, args.quick, args.threads)
         results.append(r)
     print_table(results, args.threads)
