@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import gc
 import json
 import os
 import platform
@@ -193,11 +194,11 @@ def memory_child(spec: dict) -> dict:
     """Peak training RSS of one (model, variant) in this fresh process."""
     torch.set_num_threads(spec["threads"])
     s = setup(spec["model"], spec["quick"])
-    plain = s["model"].train()
+    plain = s.pop("model").train()  # only `plain` holds it: a grown copy frees it below
     warm = copy.deepcopy(plain)
     s["loss"](warm).backward()
     del warm
-    base = rss_bytes()
+    base = rss_bytes()  # with the plain weights: each variant's peak counts only its extra
     plain_params = sum(p.numel() for p in plain.parameters())
     k = spec["k"]
     outputs: dict[str, int] = {}
@@ -205,7 +206,8 @@ def memory_child(spec: dict) -> dict:
         model, k_used = plain, 0
     else:
         model, k_used = grown(plain, s["perforate"], k).train(), k
-        del plain
+        del plain  # its weights go back to the system (MALLOC_ENV): not counted twice
+        gc.collect()
         hooks = [layer.register_forward_hook(
             lambda m, i, o, p=path: outputs.__setitem__(p, o.numel()))
             for path, layer in perfora.dendritic_layers(model).items()]
@@ -271,6 +273,27 @@ def print_table(results: list[dict], threads: int) -> None:
                   f"{m['over_plain']:>8.3f}x {m['over_formula']:>10.3f}x {exp:>10}")
 
 
+def markdown_table(data: dict[str, Any]) -> str:
+    """The docs/zoo.md table of a stored run (``--markdown results/zoo.json``)."""
+    lines = ["| model | K | step (s) | step / plain | FLOP ideal | / ideal (target) "
+             "| peak MiB | peak / plain | peak / formula | export inference / plain |",
+             "|" + "---|" * 10]
+    for r in data["results"]:
+        mem = r["memory"]
+        lines.append(f"| {r['model']} | plain | {r['plain_step_s']:.2f} | 1 | 1 | | "
+                     f"{mem['plain_peak_bytes'] / 2**20:.0f} | 1 | | 1 |")
+        for k in KS:
+            t, m = r["train"][f"K={k}"], mem["variants"][f"K={k}"]
+            over = t["ratio"] if k == 0 else t["ratio_over_ideal"]
+            target = f"{over:.3f} ({'ratio ' if k == 0 else ''}<= {t['target']}"
+            target += ", met)" if t["met"] else ", missed)"
+            exp = f"{r['export_inference']['ratio']:.2f}x" if k == 1 else ""
+            lines.append(f"| {r['model']} | {k} | {t['step_s']:.2f} | {t['ratio']:.3f}x | "
+                         f"{t['ideal']:.2f}x | {target} | {m['peak_bytes'] / 2**20:.0f} | "
+                         f"{m['over_plain']:.3f}x | {m['over_formula']:.3f}x | {exp} |")
+    return "\n".join(lines)
+
+
 def _progress(message: str) -> None:
     """A progress line on stderr (a real-size run takes many minutes)."""
     print(f"[zoo {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
@@ -280,6 +303,8 @@ def build_parser() -> argparse.ArgumentParser:
     """The command line."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--markdown", type=Path, metavar="JSON",
+                    help="print the docs/zoo.md table of a stored run and exit")
     ap.add_argument("--quick", action="store_true", help="tiny sizes, seconds (a smoke run)")
     ap.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
     ap.add_argument("--rounds", type=int, default=None, help="timing rounds (default 7; 2 "
@@ -302,6 +327,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.child:
         print(json.dumps(memory_child(json.loads(args.child))))
+        return 0
+    if args.markdown:
+        print(markdown_table(json.loads(args.markdown.read_text())))
         return 0
     torch.set_num_threads(args.threads)
     rounds = args.rounds or (2 if args.quick else 7)
