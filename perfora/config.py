@@ -15,6 +15,8 @@ SWITCH_MODES = ("patience", "fixed", "every_epoch", "never")
 ACTIVATIONS = ("sigmoid", "tanh", "relu")
 DENDRITE_INITS = ("default", "normal", "error")
 CHECKPOINT_FORMATS = ("auto", "file", "dcp")
+GROWTH_KINDS = ("dendrites", "neurons")
+NEURON_INITS = ("gradmax", "random")
 MAX_INIT_SCALE = 1e4
 
 
@@ -46,6 +48,23 @@ class PerforaConfig:
     max_dendrite_tries: int = 2
     """Attempts (fresh random weights) for a dendrite set that fails to beat the best score;
     2 means one retry."""
+    growth: str = "dendrites"
+    """What a growth step adds: 'dendrites' (a dendrite set on every wrapped layer, up to
+    ``max_dendrites``) or 'neurons' (every wrapped layer whose outputs perfora can follow to
+    their readers gains ``neurons_per_step`` of its starting width in new neurons, up to
+    ``max_neuron_steps`` times; the readers gain zero input columns, so the output is
+    unchanged). Neuron growth runs in one process, under DataParallel and DDP; sharded
+    backends (FSDP, DeepSpeed) refuse it. See docs/neurons.md."""
+    neuron_init: str = "gradmax"
+    """Incoming weights of new neurons: 'gradmax' (the directions that give their zero
+    outgoing weights the largest gradient, from the error recorded in the epoch before the
+    step; Linear layers read by a Linear) or 'random' (the layer's own initialisation). The
+    outgoing weights start at zero either way; where no signal was recorded, 'random'."""
+    neurons_per_step: float = 1.0
+    """Neurons a growth step adds to a layer, as a fraction of its starting width (at least
+    one): 1.0 adds as many as it started with, so widths go 1x, 2x, 3x, ..."""
+    max_neuron_steps: int = 5
+    """Cap on neuron growth steps with ``growth='neurons'``; 0 means none (early stopping)."""
     target_score: float | None = None
     """Stop growing once the (smoothed) score reaches this value, e.g. 1.0 for a training
     accuracy: "grow until the training set is learned" (report the training score to
@@ -156,6 +175,19 @@ class PerforaConfig:
         _check_int(self, "max_dendrites", minimum=0)
         _check_int(self, "max_dendrite_tries", minimum=1)
         _check_bool(self, "retain_all_dendrites")
+        _check_choice(self, "growth", GROWTH_KINDS)
+        _check_choice(self, "neuron_init", NEURON_INITS)
+        step = self.neurons_per_step
+        if (isinstance(step, bool) or not isinstance(step, int | float)
+                or not math.isfinite(step) or not 0 < step <= 16):
+            raise ConfigError(f"neurons_per_step must be a fraction of each layer's starting "
+                              f"width in (0, 16] (e.g. 0.5 adds half as many neurons as it "
+                              f"started with), got {step!r}")
+        self.neurons_per_step = float(step)
+        _check_int(self, "max_neuron_steps", minimum=0)
+        if self.growth == "neurons" and self.rule != "gd":
+            raise ConfigError(f"growth='neurons' trains new neurons by backprop: it needs "
+                              f"rule='gd', got rule={self.rule!r}")
         target = self.target_score
         if target is not None:
             if isinstance(target, bool) or not isinstance(target, int | float) \
@@ -223,7 +255,12 @@ class PerforaConfig:
 
     def uses_error_signal(self) -> bool:
         """True when growth steps are planned from recorded error signals."""
-        return self.dendrite_init == "error" or self.grow_fraction < 1
+        return self.growth == "dendrites" and (self.dendrite_init == "error"
+                                               or self.grow_fraction < 1)
+
+    def growth_cap(self) -> int:
+        """Growth steps allowed of the configured kind (0: plain early stopping)."""
+        return self.max_neuron_steps if self.growth == "neurons" else self.max_dendrites
 
     def threshold_for(self, num_dendrites: int) -> float:
         """The relative improvement margin in force with ``num_dendrites`` sets."""

@@ -24,16 +24,19 @@ from ..parallel import ParallelBackend, backend_of
 from ..rules import make_rule
 from . import surgery
 from .compile_room import make_room_for_recompiles
+from .neuron_growth import arm_widening_signal, check_neuron_growth, grow_neurons
+from .optimizer_carry import capture, carry_into
 from .optimizer_slot import OptimizerMethods, OptimizerSlot
 from .persistence import CheckpointMethods
 from .placement import check_reported_model
-from .policy import observe
+from .policy import growth_may_come_next, observe
 from .run_writer import RunWriter
 from .saved_run import Checkpointer, RunParts, SavedRun
 from .scores import read_scores, update_arch
 from .signal import ErrorSignalProbe
 from .state import Action, BestSnapshot, ControllerState, Decision
 from .usage import UsageWatch
+from .widening_signal import WideningSignal
 
 
 class GrowthController(OptimizerMethods, CheckpointMethods):
@@ -64,6 +67,10 @@ class GrowthController(OptimizerMethods, CheckpointMethods):
                                    "perfora.perforate(model) before creating the controller")
         self.backend.check_rule(config.rule)
         self.backend.check_config(config)
+        if config.growth == "neurons":
+            check_neuron_growth(model, self.backend)
+        self._signal = WideningSignal() if config.growth == "neurons" \
+            and config.neuron_init == "gradmax" else None
         surgery.apply_activation(layers, config.activation)
         for layer in layers.values():
             layer.remember_frozen_base()  # frozen by the user: stays frozen in every phase
@@ -72,7 +79,8 @@ class GrowthController(OptimizerMethods, CheckpointMethods):
         self.rule = make_rule(config.rule, config)
         self.rule.bind_model(model)
         self.rule.apply(layers)
-        self.state = ControllerState(num_dendrites=self._layer_dendrites())
+        self.state = ControllerState(num_dendrites=self._layer_dendrites(),
+                                     num_widenings=surgery.layer_widenings(model))
         self._probe = ErrorSignalProbe(config.signal_rows) if config.uses_error_signal() \
             else None
         self._slot = OptimizerSlot()
@@ -169,8 +177,19 @@ class GrowthController(OptimizerMethods, CheckpointMethods):
         self._slot.after_restructure(self.model, self.config.maximize)
         self._take_engine_optimizer()
 
-    def _grow(self) -> None:
-        """Add one dendrite set to every layer, then set and rebuild what trains."""
+    def _grow(self) -> str:
+        """Grow (a dendrite set on every layer, or neurons), then set and rebuild what
+        trains; returns what a neuron step added (empty for dendrites)."""
+        if self.config.growth == "neurons":
+            carried = capture(self._slot.optimizer, self._slot.scheduler, self.model) \
+                if self._slot.rebuildable else None
+            step = grow_neurons(self.model, self.config, self.state, self._signal)
+            self.rule.apply(self._layers())
+            self._rebuild_after_change()
+            carry_into(carried, self._slot.optimizer, self._slot.scheduler, self.model)
+            self._usage.after_restructure(self._layers())
+            make_room_for_recompiles(self.state.additions + 1)
+            return step.describe()
         self._swap(surgery.grow(self.model, self.backend, self.config, self.state,
                                 self._probe))
         self.rule.after_growth(self._layers())
@@ -178,6 +197,7 @@ class GrowthController(OptimizerMethods, CheckpointMethods):
         if not self.backend.sharded:
             self._usage.after_restructure(self._layers())
         make_room_for_recompiles(self.state.num_dendrites + 1)
+        return ""
 
     def _rewind_to_best(self) -> None:
         """Give the model the best snapshot's structure and weights (nothing without one)."""
@@ -188,6 +208,8 @@ class GrowthController(OptimizerMethods, CheckpointMethods):
     def _arm_probe(self) -> None:
         """Record the error signal only in an epoch that a growth step may follow."""
         surgery.arm_probe(self._probe, self.model, self.state, self.config, self.rule)
+        arm_widening_signal(self._signal, self.model, growth_may_come_next(
+            self.state, self.config, self.rule.phase == self.rule.neuron_phase))
 
     def step(self, score: Any, *, test_score: Any = None,
              extra: Mapping[str, Any] | None = None,
@@ -216,7 +238,9 @@ class GrowthController(OptimizerMethods, CheckpointMethods):
                                "dendrites": st.num_dendrites, "val_score": value,
                                "test_score": test, "lr": self._slot.lr(),
                                "params": self.parameter_count(), "seconds": seconds,
-                               "event": "", **{f"extra/{k}": v for k, v in extras.items()}}
+                               "event": "", **{f"extra/{k}": v for k, v in extras.items()},
+                               **({"widenings": st.num_widenings}
+                                  if self.config.growth == "neurons" else {})}
         rule_step = self.rule.end_epoch(value, self._layers())
         row.update({f"rule/{k}": v for k, v in self.rule.metrics().items()})
         if rule_step.handled:
@@ -234,11 +258,10 @@ class GrowthController(OptimizerMethods, CheckpointMethods):
             self._best = surgery.snapshot_best(self.model, self.backend)
         if verdict.rewind:
             self._rewind_to_best()
-        if verdict.grow:
-            self._grow()
+        added = self._grow() if verdict.grow else ""
         if verdict.action == Action.COMPLETE:
             self._sync_structure()  # the rewind may have replaced parameters: fresh wrapper
-        reason = verdict.describe(self.state.num_dendrites)
+        reason = verdict.describe(self.state.num_dendrites) + (f" ({added})" if added else "")
         if verdict.action == Action.CONTINUE:
             self._slot.step_scheduler(value, self.config.maximize)
         else:
@@ -265,9 +288,10 @@ class GrowthController(OptimizerMethods, CheckpointMethods):
         """Add one dendrite set now (without waiting for a plateau); rebuilds the optimizer."""
         if self.state.completed:
             raise OrderError("add_dendrites() after training completed")
-        self._grow()
+        added = self._grow()
         self._writer.write_switch(self._parts(), self.checkpoint_path)
-        return self._decision(Action.RESTRUCTURE, "added on request")
+        return self._decision(Action.RESTRUCTURE, "added on request"
+                              + (f" ({added})" if added else ""))
 
     def restore_best(self) -> nn.Module:
         """Give the model the best snapshot's structure and weights now; returns the model to
@@ -317,6 +341,7 @@ class GrowthController(OptimizerMethods, CheckpointMethods):
             self._unshard()
             reader.load_structure(self.model, run)
             state.num_dendrites = self._layer_dendrites()  # "best" may hold fewer than the run
+            state.num_widenings = surgery.layer_widenings(self.model)
         self.state = state
         self.rule.load_state_dict(run.rule, self._layers())
         if reader is not None:

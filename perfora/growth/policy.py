@@ -64,7 +64,7 @@ def _switch_due(state: ControllerState, config: PerforaConfig, ahead: int = 0) -
 def growth_may_come_next(state: ControllerState, config: PerforaConfig,
                          neuron_phase: bool) -> bool:
     """True when the next epoch's report may add dendrites (if it does not improve)."""
-    if state.completed or config.max_dendrites == 0 or config.switch_mode == "never" \
+    if state.completed or config.growth_cap() == 0 or config.switch_mode == "never" \
             or not neuron_phase:
         return False
     return _switch_due(state, config, ahead=1)
@@ -78,10 +78,11 @@ def observe(state: ControllerState, config: PerforaConfig, score: float,
     st.cycle_scores = window
     running = sum(window) / len(window)
     improved_best = False
-    if beats(config, st.num_dendrites, running, st.cycle_best):
+    steps = st.growth_steps(config.growth)
+    if beats(config, steps, running, st.cycle_best):
         st.cycle_best = running
         st.last_improved_epoch = st.epoch
-        if beats(config, st.num_dendrites, running, st.global_best):
+        if beats(config, steps, running, st.global_best):
             st.global_best, st.best_epoch, st.best_test = running, st.epoch, test
             st.cycle_set_global_best = True
             improved_best = True
@@ -109,18 +110,23 @@ def _decide(st: ControllerState, config: PerforaConfig, running: float,
         if st.additions >= 3:
             return complete("capacity test: 3 dendrite sets added", rewind=False)
         return verdict(RESTRUCTURE, "capacity test: dendrites added every epoch", grow=True)
-    if cfg.switch_mode == "never" or cfg.max_dendrites == 0:
+    if cfg.switch_mode == "never" or cfg.growth_cap() == 0:
         return complete(f"early stopping: no improvement for {cfg.n_epochs_to_switch} epochs")
-    if st.num_dendrites > 0 and not st.cycle_set_global_best and not cfg.retain_all_dendrites:
+    neurons = cfg.growth == "neurons"
+    what, cap = ("neuron step", "max_neuron_steps") if neurons else ("dendrite set",
+                                                                     "max_dendrites")
+    steps = st.growth_steps(cfg.growth)
+    if steps > 0 and not st.cycle_set_global_best and not cfg.retain_all_dendrites:
         if st.tries + 1 < cfg.max_dendrite_tries:
             st.tries += 1
-            return verdict(RESTRUCTURE, f"dendrite set did not beat the best score; retry "
+            return verdict(RESTRUCTURE, f"{what} did not beat the best score; retry "
                                         f"{st.tries} of {cfg.max_dendrite_tries - 1} with fresh "
                                         "weights", rewind=True, grow=True)
-        return complete(f"dendrite set failed {cfg.max_dendrite_tries} time(s) to beat the "
+        return complete(f"{what} failed {cfg.max_dendrite_tries} time(s) to beat the "
                         "best score")
-    if st.num_dendrites >= cfg.max_dendrites:
-        return complete(f"reached max_dendrites={cfg.max_dendrites}")
+    if steps >= cfg.growth_cap():
+        return complete(f"reached {cap}={cfg.growth_cap()}")
     st.tries = 0
-    return verdict(RESTRUCTURE, f"plateau: added dendrite set {NEW_SET}",
+    added = f"added neuron step {steps + 1}" if neurons else f"added dendrite set {NEW_SET}"
+    return verdict(RESTRUCTURE, f"plateau: {added}",
                    rewind=not cfg.retain_all_dendrites, grow=True)

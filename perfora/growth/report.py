@@ -126,10 +126,12 @@ class RunReport:
     def write_arch_table(self, rows: Sequence[Mapping[str, Any]]) -> None:
         """best_arch_scores.csv: one row per architecture (dendrite count)."""
         buf = io.StringIO()
-        writer = csv.DictWriter(buf, fieldnames=ARCH_COLUMNS, extrasaction="ignore")
+        columns = ARCH_COLUMNS + (["widenings"] if any("widenings" in r for r in rows) else [])
+        writer = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore")
         writer.writeheader()
         for row in rows:
-            writer.writerow({k: _fmt(row.get(k)) for k in ARCH_COLUMNS})
+            writer.writerow({k: _fmt(row.get(k, 0 if k == "widenings" else None))
+                             for k in columns})
         atomic_write_text(self.run_dir / "best_arch_scores.csv", buf.getvalue())
 
     def write_run_json(self, info: Mapping[str, Any]) -> None:
@@ -165,7 +167,8 @@ class RunReport:
             ax.plot(epochs, series(key), label=key[6:], lw=0.8, alpha=0.8)
         for i, e in enumerate(switch_epochs):
             ax.axvline(e + 0.5, color="tab:red", ls="--", lw=0.8,
-                       label="dendrites added" if i == 0 else None)
+                       label=("neurons added" if "widenings" in history[-1]
+                              else "dendrites added") if i == 0 else None)
         phase_changes = [r["epoch"] for r in history if r.get("event") == "phase_change"]
         for i, e in enumerate(phase_changes):
             ax.axvline(e + 0.5, color="tab:blue", ls=":", lw=0.8,

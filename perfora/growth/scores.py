@@ -32,12 +32,15 @@ def read_scores(score: Any, test_score: Any, extra: Mapping[str, Any] | None, we
 
 def update_arch(state: ControllerState, config: PerforaConfig, running: float,
                 test: float | None, params: int) -> None:
-    """Record the running score in best_arch_scores when it is this architecture's best."""
-    key = str(state.num_dendrites)
+    """Record the running score in best_arch_scores when it is this architecture's best
+    (architectures keyed by their growth steps: dendrite sets, or neuron steps)."""
+    key = str(state.growth_steps(config.growth))
     entry = state.arch.get(key)
     better = entry is None or (running > entry["best_val_score"] if config.maximize
                                else running < entry["best_val_score"])
     if better:
         state.arch[key] = {"dendrites": state.num_dendrites, "params": params,
+                           **({"widenings": state.num_widenings}
+                              if config.growth == "neurons" else {}),
                            "best_val_score": running, "test_score": test,
                            "epoch": state.epoch}

@@ -69,7 +69,7 @@ class Decision:
 
 
 _NUMERIC_COLUMNS = ("val_score", "running_score", "test_score", "lr", "params", "seconds",
-                    "dendrites")
+                    "dendrites", "widenings")
 
 
 def _check_history(rows: Any, where: str) -> None:
@@ -127,6 +127,9 @@ class ControllerState:
     best_test: float | None = None
     num_dendrites: int = field(default=0, metadata={
         "check": partial(check_int, low=0, high=MAX_DENDRITES)})
+    num_widenings: int = field(default=0, metadata={
+        "check": partial(check_int, low=0, high=MAX_DENDRITES)})
+    """Neuron growth steps the model holds (the most of any layer)."""
     tries: int = 0
     additions: int = 0
     completed: bool = False
@@ -135,6 +138,10 @@ class ControllerState:
                                           metadata={"check": _check_history})
     arch: dict[str, dict[str, Any]] = field(default_factory=dict,
                                             metadata={"check": _check_arch})
+
+    def growth_steps(self, growth: str) -> int:
+        """Growth steps of kind ``growth`` ('dendrites' or 'neurons') the model holds."""
+        return self.num_widenings if growth == "neurons" else self.num_dendrites
 
     def to_dict(self, history_rows: int | None = None) -> dict[str, Any]:
         """A shallow copy as a dict: rows are flat dicts of numbers (no deep copy of history).

@@ -53,6 +53,13 @@ def layer_dendrites(model: nn.Module) -> int:
     return max(counts) if counts else 0
 
 
+def layer_widenings(model: nn.Module) -> int:
+    """Neuron growth steps the model holds: the most widenings of any wrapped layer."""
+    counts = [len(getattr(layer, "widenings", None) or [])
+              for layer in dendritic_layers(unwrap_model(model)).values()]
+    return max(counts, default=0)
+
+
 def snapshot_best(model: nn.Module, backend: ParallelBackend) -> BestSnapshot:
     """The model's structure and tensors, kept as the best snapshot (for the rewind); under
     FSDP2 this rank's shards only."""
@@ -67,6 +74,7 @@ def rewind_to_best(model: nn.Module, backend: ParallelBackend, rule: LearningRul
     model = backend.restore(model, specs, weights,
                             lambda module: rule.apply(dendritic_layers(module)))
     state.num_dendrites = layer_dendrites(model)
+    state.num_widenings = layer_widenings(model)
     return model
 
 
@@ -151,4 +159,5 @@ def match_structure(model: nn.Module, backend: ParallelBackend, state: Controlle
     model = backend.unshard(model)
     fit_structure(model, specs, _MISFIT)
     state.num_dendrites = layer_dendrites(model)
+    state.num_widenings = layer_widenings(model)
     return model

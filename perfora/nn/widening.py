@@ -31,6 +31,7 @@ from ..errors import PerforationError
 from .blocks import BN_TYPES, CONV_TYPES, Blockwise, is_hf_conv1d, make_blocked
 from .consumers import LayerPlan, plan_widening
 from .layers import DendriticLayer, unwrap_model
+from .narrowing import narrow_widenings
 
 
 def gradmax_init(x: torch.Tensor, g_y: torch.Tensor, k: int, scale: float) -> torch.Tensor:
@@ -49,17 +50,30 @@ def gradmax_init(x: torch.Tensor, g_y: torch.Tensor, k: int, scale: float) -> to
     if k < 1:
         raise PerforationError(f"gradmax_init: k must be at least 1, got {k}")
     m = g_y.double().T @ x.double() / max(x.shape[0], 1)
+    return gradmax_rows(m, k, scale).to(x.dtype)
+
+
+def gradmax_rows(m: torch.Tensor, k: int, scale: float,
+                 generator: torch.Generator | None = None) -> torch.Tensor:
+    """The GradMax rows from ``M = E[g_y x^T]`` ([out, in]): its top-k right singular vectors,
+    each of norm ``scale`` (float64; rows beyond M's rank are random directions, drawn from
+    ``generator``, orthogonal to the others)."""
+    m = m.double()
     _, s, vh = torch.linalg.svd(m, full_matrices=True)
     rank = int((s > s.max().clamp_min(1e-300) * 1e-10).sum()) if s.numel() else 0
     rows = vh[:min(k, rank)]
     if rows.shape[0] < k:  # fill with random directions orthogonal to those chosen
-        extra = torch.randn(k - rows.shape[0], x.shape[1], dtype=torch.float64)
+        extra = torch.randn(k - rows.shape[0], m.shape[1], dtype=torch.float64,
+                            generator=generator)
         if rows.shape[0]:
             extra = extra - extra @ rows.T @ rows
         q, _ = torch.linalg.qr(extra.T)
         rows = torch.cat([rows, q.T[:k - rows.shape[0]]])
+    if rows.shape[0] < k:  # more new units than input dimensions: random directions
+        rows = torch.cat([rows, torch.randn(k - rows.shape[0], m.shape[1], dtype=torch.float64,
+                                            generator=generator)])
     rows = rows / rows.norm(dim=1, keepdim=True).clamp_min(1e-300)
-    return (rows * scale).to(x.dtype)
+    return rows * scale
 
 
 def widen(model: nn.Module, layer: str | LayerPlan, k: int,
@@ -307,9 +321,14 @@ def replay_widenings(model: nn.Module, path: str, events: list[dict],
                      generator: torch.Generator | None = None) -> None:
     """Apply recorded widenings (``layer.widenings`` of a saved model) to ``model``'s layer
     at ``path``, so its shapes match the saved ones (the values are loaded afterwards).
-    Widenings already applied here are skipped; a model wider than the record is refused."""
+    Widenings already applied here are skipped; a model widened further than the record (a
+    rewind to a narrower best model) gives back its newer neurons; a model widened otherwise
+    is refused."""
     layer = model.get_submodule(path)
     done = list(getattr(layer, "widenings", None) or [])
+    if len(done) > len(events) and done[:len(events)] == events:
+        narrow_widenings(model, path, len(events))
+        return
     if done != events[:len(done)]:
         raise PerforationError(f"layer {path!r} was widened differently here ({done}) than "
                                f"in the checkpoint ({events}); load into a freshly built "

@@ -1,0 +1,137 @@
+"""A neuron growth step: every wrapped layer that can gain neurons gains them, exactly.
+
+The controller calls :func:`grow_neurons` at a plateau when ``growth='neurons'``. Each
+wrapped layer whose readers :func:`perfora.plan_widening` finds gains
+``neurons_per_step`` times its starting width in new neurons (at least one); its readers gain
+zero input columns, so the model's output is unchanged. The new incoming weights come from
+the recorded error signal (GradMax, ``neuron_init='gradmax'``) where one was recorded for the
+layer, else from the layer's own initialisation drawn from a generator seeded per step and
+layer, so every rank grows the same neurons. Layers are widened from the last to the first, so
+a layer's GradMax rows (computed for its input width before the step) still fit.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from ..config import PerforaConfig
+from ..errors import ParallelError, PerforationError
+from ..nn.blocks import is_hf_conv1d
+from ..nn.consumers import LayerPlan, WideningPlan, plan_widening
+from ..nn.layers import DendriticLayer, dendritic_layers, unwrap_model
+from ..nn.widening import gradmax_rows, widen
+from ..parallel.base import ParallelBackend
+from .state import ControllerState
+from .surgery import layer_widenings
+from .widening_signal import WideningSignal
+
+
+@dataclass
+class NeuronStep:
+    """What one neuron growth step did: per layer, the neurons added and their init."""
+
+    added: dict[str, tuple[int, str]] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        """e.g. '0: +8 gradmax, 2: +8 random'."""
+        return ", ".join(f"{path}: +{k} {init}" for path, (k, init) in self.added.items())
+
+
+def widening_targets(model: nn.Module) -> dict[str, LayerPlan]:
+    """The plan entries of the wrapped layers that can gain neurons, in forward order."""
+    inner = unwrap_model(model)
+    plan = plan_widening(inner)
+    return {path: plan.layers[path] for path in dendritic_layers(inner)
+            if path in plan.layers and plan.layers[path].widenable}
+
+
+def check_neuron_growth(model: nn.Module, backend: ParallelBackend) -> None:
+    """Refuse ``growth='neurons'`` where no wrapped layer can gain neurons, or the backend
+    cannot run it, saying why (before training starts)."""
+    if backend.sharded or backend.owns_optimizer:
+        raise ParallelError(
+            f"growth='neurons' is not supported under {type(backend).__name__}: widening "
+            "resizes a layer and every layer that reads it, which a sharded model or an "
+            "engine-owned optimizer cannot take yet; use growth='dendrites', or DDP")
+    if widening_targets(model):
+        return
+    inner = unwrap_model(model)
+    plan: WideningPlan = plan_widening(inner)
+    reasons = [f"{p}: {plan.layers[p].reason}" for p in dendritic_layers(inner)
+               if p in plan.layers]
+    raise PerforationError("growth='neurons': no wrapped layer can gain neurons ("
+                           + ("; ".join(reasons) or "no Linear/Conv layer is wrapped")
+                           + "); wrap the layers whose outputs another wrapped-or-plain "
+                           "Linear/Conv reads, or use growth='dendrites'")
+
+
+def start_width(layer: nn.Module) -> int:
+    """The width a layer had before any widening (its first output block)."""
+    core = layer.source if isinstance(layer, DendriticLayer) else layer
+    blocks = getattr(core, "out_blocks", None)
+    return int(blocks[0]) if blocks else int(layer.num_neurons)
+
+
+def _row_scale(layer: nn.Module) -> float:
+    """The mean norm of the layer's incoming weight rows: the new rows' norm."""
+    core = layer.source if isinstance(layer, DendriticLayer) else layer
+    w = core.weight.detach().float()
+    rows = w.T if is_hf_conv1d(core) else w.reshape(w.shape[0], -1)
+    return float(rows.norm(dim=1).mean())
+
+
+def grow_neurons(model: nn.Module, config: PerforaConfig, state: ControllerState,
+                 signal: WideningSignal | None) -> NeuronStep:
+    """Widen every wrapped layer that can gain neurons, in place (unsharded model); records
+    the step in ``state``. The caller re-wraps the model and rebuilds what trains."""
+    inner = unwrap_model(model)
+    targets = widening_targets(inner)
+    layers = dendritic_layers(inner)
+    shapes = {path: (_width(inner.get_submodule(targets[path].consumers[0][0]), "out"),
+                     _width(layers[path], "in"))
+              for path in (signal.paths if signal is not None else []) if path in targets}
+    sums = signal.reduced(shapes) if signal is not None else {}
+    step = NeuronStep()
+    for path in reversed(list(targets)):
+        layer = layers[path]
+        k = max(1, int(config.neurons_per_step * start_width(layer) + 0.5))
+        seed = zlib.crc32(f"{config.seed}:{state.additions}:{path}:neurons".encode())
+        gen = torch.Generator().manual_seed(seed)
+        init, how = None, "random"
+        if path in sums and bool(sums[path].abs().sum() > 0):
+            init = gradmax_rows(sums[path], k, _row_scale(layer), gen)
+            how = "gradmax"
+        widen(inner, targets[path], k, init=init, generator=gen)
+        step.added[path] = (k, how)
+    step.added = dict(reversed(list(step.added.items())))
+    if signal is not None:
+        signal.clear()
+    state.additions += 1
+    state.num_widenings = layer_widenings(inner)
+    state.switch_epochs.append(state.epoch)
+    state.cycle_start_epoch = state.last_improved_epoch = state.epoch
+    state.cycle_scores, state.cycle_best, state.cycle_set_global_best = [], None, False
+    return step
+
+
+def _width(module: nn.Module, side: str) -> int:
+    """A layer's output ('out') or input ('in') width (HF Conv1D's weight is [in, out])."""
+    core = module.source if isinstance(module, DendriticLayer) else module
+    w = core.weight
+    dims = (1, 0) if is_hf_conv1d(core) else (0, 1)
+    return int(w.shape[dims[0] if side == "out" else dims[1]])
+
+
+def arm_widening_signal(signal: WideningSignal | None, model: nn.Module, may_grow: bool) -> None:
+    """Record the widening signal only in an epoch that a growth step may follow."""
+    if signal is None:
+        return
+    signal.disarm()  # the layers may be new objects after a restructure
+    if may_grow:
+        signal.arm(unwrap_model(model), widening_targets(model))
+    else:
+        signal.clear()

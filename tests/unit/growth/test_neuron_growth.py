@@ -1,0 +1,209 @@
+"""growth='neurons': the controller widens wrapped layers at a plateau, exactly; the new
+neurons' incoming weights come from the recorded error (GradMax) or the layer's own init; the
+optimizer carries its moments and schedule on; the rewind shrinks back; a resumed run equals
+an uninterrupted one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import perfora
+from perfora.errors import ConfigError, PerforationError
+from perfora.nn.widening import gradmax_rows
+
+X = torch.randn(64, 6, generator=torch.Generator().manual_seed(0))
+Y = (X[:, 0] * X[:, 1] > 0).long() + (X[:, 2] > 0.5).long()
+
+
+def _model(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return perfora.perforate(nn.Sequential(nn.Linear(6, 4), nn.Tanh(), nn.Linear(4, 5),
+                                           nn.ReLU(), nn.Linear(5, 3)))
+
+
+def _controller(model: nn.Module, **settings) -> perfora.GrowthController:
+    base = dict(growth="neurons", switch_mode="every_epoch", max_neuron_steps=2,
+                write_files=False)
+    ctl = perfora.GrowthController(model, **{**base, **settings})
+    ctl.set_optimizer(torch.optim.Adam, lr=0.01)
+    ctl.build_optimizer()
+    return ctl
+
+
+def _epoch(model: nn.Module, opt: torch.optim.Optimizer, steps: int = 4) -> None:
+    model.train()
+    for i in range(steps):
+        opt.zero_grad()
+        rows = slice(16 * i, 16 * i + 16)
+        nn.functional.cross_entropy(model(X[rows]), Y[rows]).backward()
+        opt.step()
+    model.eval()
+
+
+def test_each_step_widens_every_layer_that_can_grow_and_keeps_the_output():
+    model = _model()
+    ctl = _controller(model, neuron_init="random", neurons_per_step=0.5)
+    opt = ctl.optimizer
+    for step in (1, 2):
+        _epoch(model, opt)
+        with torch.no_grad():
+            before = model(X)
+        decision = ctl.step(0.5)
+        assert decision.restructured, decision.reason
+        with torch.no_grad():
+            assert torch.equal(model(X), before)
+        model, opt = decision.model, decision.optimizer
+        assert model[0].num_neurons == 4 + 2 * step and model[2].num_neurons == 5 + 3 * step
+        assert model[4].num_neurons == 3  # its output leaves the model: never widened
+        assert f"added neuron step {step} (0: +2 random, 2: +3 random)" in decision.reason
+    assert ctl.state.num_widenings == 2
+
+
+def test_gradmax_rows_are_the_top_directions_of_the_recorded_error():
+    model = _model()
+    ctl = _controller(model, max_neuron_steps=1, neurons_per_step=1.0)
+    # M for layer 0 = sum over rows of (gradient at its reader's output)^T (its input), from
+    # the one training batch of the epoch, before the optimizer step
+    kept = {}
+    handle = model[2].register_forward_hook(lambda m, a, out: kept.update(out=out))
+    out = model(X[:16])
+    handle.remove()
+    kept["out"].retain_grad()
+    nn.functional.cross_entropy(out, Y[:16]).backward()
+    want = kept["out"].grad.double().T @ X[:16].double() / 16
+    model.zero_grad()
+    _epoch(model, ctl.optimizer, steps=1)
+    scale = float(model[0].source.weight.detach().norm(dim=1).mean())
+    decision = ctl.step(0.5)
+    assert "0: +4 gradmax" in decision.reason and "2: +5 gradmax" in decision.reason
+    new_rows = decision.model[0].source.weight[4:].detach().double()
+    expected = gradmax_rows(want, 4, scale)
+    cosines = (new_rows * expected).sum(1) / (new_rows.norm(dim=1) * expected.norm(dim=1))
+    assert torch.allclose(cosines.abs(), torch.ones(4, dtype=torch.float64), atol=1e-4)
+    assert torch.allclose(new_rows.norm(dim=1), torch.full((4,), scale, dtype=torch.float64),
+                          rtol=1e-5)
+    new_columns = decision.model[2].source.weight[:, 4:]  # layer 2's 5 + 5 rows read them
+    assert new_columns.shape == (10, 4) and not new_columns.any()
+
+
+def test_the_optimizer_carries_its_moments_and_learning_rate_on():
+    model = _model()
+    ctl = perfora.GrowthController(model, growth="neurons", switch_mode="fixed",
+                                   fixed_switch_num=3, max_neuron_steps=1, write_files=False,
+                                   neuron_init="random")
+    ctl.set_optimizer(torch.optim.Adam, lr=0.01)
+    ctl.set_scheduler(torch.optim.lr_scheduler.StepLR, step_size=1, gamma=0.5)
+    opt, _ = ctl.build_optimizer()
+    for _ in range(2):
+        _epoch(model, opt)
+        assert not ctl.step(0.5).restructured
+    _epoch(model, opt)
+    old = {name: dict(opt.state[p]) for name, p in model.named_parameters()}
+    lr = opt.param_groups[0]["lr"]
+    decision = ctl.step(0.5)
+    assert decision.restructured and decision.optimizer is not opt
+    new_opt = decision.optimizer
+    assert new_opt.param_groups[0]["lr"] == lr == 0.01 * 0.5 ** 2  # the schedule went on
+    assert decision.scheduler.last_epoch == 2
+    for name, p in decision.model.named_parameters():
+        state, before = new_opt.state[p], old[name]
+        assert torch.equal(state["step"], before["step"]), name
+        for key in ("exp_avg", "exp_avg_sq"):
+            old_slice = tuple(slice(0, n) for n in before[key].shape)
+            assert torch.equal(state[key][old_slice], before[key]), (name, key)
+            rest = state[key].clone()
+            rest[old_slice] = 0
+            assert not rest.any(), (name, key)  # new entries start at zero
+
+
+def test_completion_rewinds_to_a_narrower_best_model():
+    model = _model()
+    ctl = _controller(model, neuron_init="random", max_neuron_steps=2)
+    opt = ctl.optimizer
+    _epoch(model, opt)
+    with torch.no_grad():
+        best_out = model(X)
+    best = {k: v.clone() for k, v in model.state_dict().items()}
+    scores = iter([0.9, 0.5, 0.4])  # the first model stays the best
+    for _ in range(3):
+        decision = ctl.step(next(scores))
+        model, opt = decision.model, decision.optimizer
+        if decision.complete:
+            break
+        _epoch(model, opt)
+    assert decision.complete and "max_neuron_steps=2" in decision.reason
+    assert model[0].num_neurons == 4 and model[2].base.in_features == 4
+    assert {k: v.shape for k, v in model.state_dict().items()} == \
+        {k: v.shape for k, v in best.items()}
+    with torch.no_grad():
+        assert torch.equal(model(X), best_out)
+    assert ctl.state.num_widenings == 0
+
+
+def _train_run(tmp_path: Path, stop_after: int | None = None, resume_from: Path | None = None
+               ) -> perfora.GrowthController:
+    settings = dict(growth="neurons", switch_mode="fixed", fixed_switch_num=2,
+                    max_neuron_steps=2, seed=3, checkpoint_time_budget=None)
+    if resume_from is None:
+        ctl = perfora.GrowthController(_model(), run_dir=tmp_path, **settings)
+        ctl.set_optimizer(torch.optim.Adam, lr=0.01)
+        ctl.build_optimizer()
+    else:
+        ctl = perfora.resume(_model(), resume_from, optimizer=torch.optim.Adam,
+                             optimizer_args={"lr": 0.01})
+    model, opt = ctl.model, ctl.optimizer
+    torch.manual_seed(ctl.epoch)
+    while not ctl.completed and ctl.epoch < 6:
+        _epoch(model, opt)
+        decision = ctl.step(0.5 + 0.01 * ctl.epoch)
+        model, opt = decision.model, decision.optimizer
+        if stop_after is not None and ctl.epoch == stop_after:
+            break
+    return ctl
+
+
+def test_a_resumed_run_equals_an_uninterrupted_one(tmp_path):
+    whole = _train_run(tmp_path / "whole")
+    _train_run(tmp_path / "cut", stop_after=3)  # after the first widening
+    resumed = _train_run(tmp_path / "cut", resume_from=tmp_path / "cut" / "latest.safetensors")
+    assert resumed.state.num_widenings == whole.state.num_widenings == 2
+    a, b = whole.model.state_dict(), resumed.model.state_dict()
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
+def test_neuron_growth_is_refused_where_it_cannot_run():
+    with pytest.raises(ConfigError, match="rule='gd'"):
+        perfora.PerforaConfig(growth="neurons", rule="correlation")
+    with pytest.raises(ConfigError, match="growth"):
+        perfora.PerforaConfig(growth="width")
+    with pytest.raises(ConfigError, match="neurons_per_step"):
+        perfora.PerforaConfig(neurons_per_step=0)
+    only_last = perfora.perforate(nn.Sequential(nn.Linear(6, 4), nn.Tanh(), nn.Linear(4, 3)),
+                                  paths=["2"])
+    with pytest.raises(PerforationError, match="no wrapped layer can gain neurons.*2: "):
+        perfora.GrowthController(only_last, growth="neurons", write_files=False)
+
+
+def test_a_dataparallel_model_is_rewrapped_widened():
+    model = _model()
+    wrapped = nn.DataParallel(model)
+    ctl = perfora.GrowthController(wrapped, growth="neurons", switch_mode="every_epoch",
+                                   max_neuron_steps=1, write_files=False, neuron_init="random")
+    ctl.set_optimizer(torch.optim.SGD, lr=0.1)
+    opt, _ = ctl.build_optimizer()
+    _epoch(wrapped, opt)
+    with torch.no_grad():
+        before = wrapped(X)
+    decision = ctl.step(0.5, model=wrapped)
+    assert isinstance(decision.model, nn.DataParallel) and decision.model is not wrapped
+    assert decision.model.module[0].num_neurons == 8
+    with torch.no_grad():
+        assert torch.equal(decision.model(X), before)
+    _epoch(decision.model, decision.optimizer)  # the new wrapper trains the widened weights
+    assert decision.model.module[2].source.weight[:, 4:].abs().sum() > 0
