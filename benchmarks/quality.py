@@ -156,11 +156,6 @@ def make_config(setup: Setup, scale: int, seed: int, overrides: dict[str, Any]) 
     return PerforaConfig(**{**base, **overrides})
 
 
-def _grown_neurons(ctl: GrowthController) -> int:
-    """Neuron growth steps taken (0 where the installed perfora grows no neurons)."""
-    return int(getattr(ctl, "num_neuron_steps", 0) or 0)
-
-
 def run_controller(task: Task, width: int, seed: int, setup: Setup,
                    overrides: dict[str, Any], budget: int | None = None) -> dict[str, Any]:
     """One controller-driven run of the ``width`` network: score, params, epochs, seconds.
@@ -204,15 +199,17 @@ def run_controller(task: Task, width: int, seed: int, setup: Setup,
             opt = decision.optimizer
     seconds = time.perf_counter() - start
     params, dendrites = ctl.parameter_count(), ctl.num_dendrites
+    neurons = getattr(ctl.state, "num_widenings", 0)  # neuron growth steps the model holds
     if not ctl.completed and ctl.best_snapshot is not None:
         # stopped by the epoch cap: score and size are the best checkpoint's, which may lack
         # a dendrite set still on trial in the live model
         structure, tensors = ctl.best_snapshot
         names = {name for name, _ in model.named_parameters()}
         params = sum(t.numel() for name, t in tensors.items() if name in names)
-        dendrites = max((s.get("num_dendrites", 0) for s in structure.values()), default=0)
+        dendrites = max((s["num_dendrites"] for s in structure.values()), default=0)
+        neurons = max((len(s.get("widened") or []) for s in structure.values()), default=0)
     row = {"test": ctl.state.best_test, "params": params, "dendrites": dendrites,
-           "neurons": _grown_neurons(ctl), "epochs": ctl.epoch,
+           "neurons": neurons, "epochs": ctl.epoch,
            "capped": budget is None and not ctl.completed, "seconds": seconds}
     return {**row, "trace": trace} if budget is not None else row
 
