@@ -341,9 +341,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="where to write results (default OUT_DIR/quality.json, "
                              "quality_quick.json for --quick)")
     output_paths.add_update_stored(parser)
-    parser.add_argument("--summarize", type=Path, default=None, metavar="JSON",
-                        help="no runs: redo the tables, plots and summary of a saved JSON "
-                             "(written to OUT_DIR under the same name)")
+    parser.add_argument("--summarize", type=Path, nargs="+", default=None, metavar="JSON",
+                        help="no runs: redo the tables, plots and summary of saved JSON "
+                             "(several: their runs together, e.g. tasks run apart; written to "
+                             "OUT_DIR under the first one's name)")
     return parser
 
 
@@ -357,7 +358,7 @@ def output_path(args: argparse.Namespace) -> Path:
     if args.json:
         return args.json
     if args.summarize is not None:
-        return out_dir(args) / args.summarize.name
+        return out_dir(args) / args.summarize[0].name
     return out_dir(args) / ("quality_quick.json" if args.quick else "quality.json")
 
 
@@ -381,14 +382,32 @@ def _accepted_arms(parser: argparse.ArgumentParser, arms: dict[str, dict[str, An
     return kept, skipped
 
 
+def merge_saved(saved: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, Any],
+                                                      float]:
+    """The runs of several saved results together (their settings must match, bar the arms,
+    skipped arms and run counts), with the sum of their times and the commands' arms merged."""
+    setup = dict(saved[0]["setup"])
+    for other in saved[1:]:
+        theirs = other["setup"]
+        for key in ("patience", "max_dendrites", "max_epochs", "lr", "seeds", "quick"):
+            if theirs.get(key) != setup.get(key):
+                raise SystemExit(f"--summarize: the saved runs differ in {key}: "
+                                 f"{setup.get(key)} and {theirs.get(key)}")
+        setup["arms"] = {**setup.get("arms", {}), **theirs.get("arms", {})}
+        setup["skipped_arms"] = {**setup.get("skipped_arms", {}),
+                                 **theirs.get("skipped_arms", {})}
+    rows = [r for s in saved for r in s["runs"]]
+    setup["runs"] = len(rows)
+    return rows, setup, sum(s["total_seconds"] for s in saved)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; print the tables, write the JSON and the plots."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.summarize is not None:
-        saved = json.loads(args.summarize.read_text())
-        report(saved["runs"], saved["setup"], saved["total_seconds"], out_dir(args),
-               output_path(args))
+        rows, setup, total = merge_saved([json.loads(p.read_text()) for p in args.summarize])
+        report(rows, setup, total, out_dir(args), output_path(args))
         return 0
 
     arms = dict(ARMS)
