@@ -30,8 +30,9 @@ and total epochs, against one grown run. The **targets** table judges ``TARGET_A
 Caps: ``--quick`` 3 seeds, patience 8, max_dendrites (and neuron steps) 2, epoch cap 150;
 full 5 seeds, patience 10, 4 sets or steps, epoch cap 2000 (spirals: patience and cap x5).
 
-    python benchmarks/quality.py --quick                 # ~4 min with --jobs 2 (2 cores)
-    python benchmarks/quality.py                         # full run, ~35 min
+    python benchmarks/quality.py --quick                 # smoke run, --jobs 2 (2 cores)
+    python benchmarks/quality.py                         # full run: about an hour or more
+    python benchmarks/quality.py --summarize a.json b.json   # runs made apart, together
     python benchmarks/quality.py --datasets wine digits --arms gd --seeds 2
     python benchmarks/quality.py --arms custom --set rule=correlation --set activation=tanh
     python benchmarks/quality.py --quick --no-curve --out-dir /tmp/q   # arms only
@@ -107,6 +108,11 @@ these tasks only) and ``output_only`` (perforate the last Linear only). An arm t
 perfora rejects (e.g. a setting it does not have yet) is skipped with a line on stderr."""
 
 HARNESS_KEYS = ("score", "tasks", "output_only")
+
+QUICK_ARMS = ("gd", "output_layer_only", "learn_train_acc", "neurons_gradmax",
+              "neurons_random", "auto", "default")
+"""``--quick``'s arms (without ``--arms``): every code path of the harness (random and
+error-driven sets, output layer only, a training score, neurons), in a few minutes."""
 
 CURVE: tuple[tuple[str, Any], ...] = (("max_dendrites", 0),)
 """Overrides of the width curve's runs: no dendrites, i.e. plain early stopping."""
@@ -419,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
                 parser.error(f"--set {item!r}: expected NAME=VALUE")
             custom[key] = _parse_value(value)
         arms["custom"] = custom
-    selected = args.arms if args.arms is not None else list(ARMS)
+    selected = args.arms if args.arms is not None else list(QUICK_ARMS if args.quick else ARMS)
     for name in selected:
         if name not in arms:
             parser.error(f"unknown arm {name!r}; known: {', '.join(arms)}")

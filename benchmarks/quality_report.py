@@ -99,9 +99,11 @@ def plot(name: str, summary: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(9.0, 4.6))
+    matched = summary.get("matched_curve", [])
+    budget = f" (median {matched[0]['epochs']:g})" if matched else ""
     curves = [(summary["curve"], "o-", "0.3", "plain network, early-stopped, widths "),
-              (summary.get("matched_curve", []), "o--", "tab:blue",
-               f"plain network, {summary.get('budget_arm')}'s epochs, widths ")]
+              (matched, "o--", "tab:blue",
+               f"plain network, {summary.get('budget_arm')}'s epochs{budget}, widths ")]
     for curve, style, color, label in curves:
         if not curve:
             continue
@@ -114,7 +116,7 @@ def plot(name: str, summary: dict[str, Any], path: Path) -> None:
     colors = plt.get_cmap("tab20").colors
     for i, arm in enumerate(summary["arms"]):
         y, x = 100 * arm["median"], arm["params"]
-        grown = (f"{arm['neurons']:g} neurons" if arm.get("neurons") else
+        grown = (f"{arm['neurons']:g} neuron steps" if arm.get("neurons") else
                  f"{arm['dendrites']:g} dendrites")
         ax.errorbar(x, y, yerr=[[y - 100 * arm["q25"]], [100 * arm["q75"] - y]],
                     xerr=[[x - arm["params_q25"]], [arm["params_q75"] - x]],

@@ -13,8 +13,9 @@ from typing import Any
 
 import numpy as np
 
-TARGET_ARMS: tuple[str, ...] = ("default", "auto", "neurons_gradmax", "neurons_random")
-"""Arms the targets table judges (those that ran)."""
+TARGET_ARMS: tuple[str, ...] = ("default", "auto", "neurons_gradmax", "neurons_random",
+                                "learn_train_acc", "learn_train_loss")
+"""Arms the targets table and the width search judge (those that ran)."""
 
 BUDGET_ARM = "default"
 """The arm whose epochs the tables' and plots' matched-budget curve uses (else the first)."""
