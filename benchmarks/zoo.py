@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import gc
 import json
 import os
 import platform
@@ -139,11 +140,13 @@ def time_rounds(fns: dict[str, Callable[[], Any]], rounds: int, warmup: int) -> 
         for fn in fns.values():
             fn()
     seconds: dict[str, list[float]] = {v: [] for v in fns}
-    for _ in range(rounds):
+    for i in range(rounds):
         for v, fn in fns.items():
             t0 = time.perf_counter()
             fn()
             seconds[v].append(time.perf_counter() - t0)
+        _progress(f"round {i + 1}/{rounds}: " + ", ".join(
+            f"{v} {s[-1]:.2f} s" for v, s in seconds.items()))
     out = {}
     for v, s in seconds.items():
         ratios = [a / b for a, b in zip(s, seconds["plain"])]
@@ -191,11 +194,11 @@ def memory_child(spec: dict) -> dict:
     """Peak training RSS of one (model, variant) in this fresh process."""
     torch.set_num_threads(spec["threads"])
     s = setup(spec["model"], spec["quick"])
-    plain = s["model"].train()
+    plain = s.pop("model").train()  # only `plain` holds it: a grown copy frees it below
     warm = copy.deepcopy(plain)
     s["loss"](warm).backward()
     del warm
-    base = rss_bytes()
+    base = rss_bytes()  # with the plain weights: each variant's peak counts only its extra
     plain_params = sum(p.numel() for p in plain.parameters())
     k = spec["k"]
     outputs: dict[str, int] = {}
@@ -203,7 +206,8 @@ def memory_child(spec: dict) -> dict:
         model, k_used = plain, 0
     else:
         model, k_used = grown(plain, s["perforate"], k).train(), k
-        del plain
+        del plain  # its weights go back to the system (MALLOC_ENV): not counted twice
+        gc.collect()
         hooks = [layer.register_forward_hook(
             lambda m, i, o, p=path: outputs.__setitem__(p, o.numel()))
             for path, layer in perfora.dendritic_layers(model).items()]
@@ -269,10 +273,38 @@ def print_table(results: list[dict], threads: int) -> None:
                   f"{m['over_plain']:>8.3f}x {m['over_formula']:>10.3f}x {exp:>10}")
 
 
+def markdown_table(data: dict[str, Any]) -> str:
+    """The docs/zoo.md table of a stored run (``--markdown results/zoo.json``)."""
+    lines = ["| model | K | step (s) | step / plain | FLOP ideal | / ideal (target) "
+             "| peak MiB | peak / plain | peak / formula | export inference / plain |",
+             "|" + "---|" * 10]
+    for r in data["results"]:
+        mem = r["memory"]
+        lines.append(f"| {r['model']} | plain | {r['plain_step_s']:.2f} | 1 | 1 | | "
+                     f"{mem['plain_peak_bytes'] / 2**20:.0f} | 1 | | 1 |")
+        for k in KS:
+            t, m = r["train"][f"K={k}"], mem["variants"][f"K={k}"]
+            over = t["ratio"] if k == 0 else t["ratio_over_ideal"]
+            target = f"{over:.3f} ({'ratio ' if k == 0 else ''}<= {t['target']}"
+            target += ", met)" if t["met"] else ", missed)"
+            exp = f"{r['export_inference']['ratio']:.2f}x" if k == 1 else ""
+            lines.append(f"| {r['model']} | {k} | {t['step_s']:.2f} | {t['ratio']:.3f}x | "
+                         f"{t['ideal']:.2f}x | {target} | {m['peak_bytes'] / 2**20:.0f} | "
+                         f"{m['over_plain']:.3f}x | {m['over_formula']:.3f}x | {exp} |")
+    return "\n".join(lines)
+
+
+def _progress(message: str) -> None:
+    """A progress line on stderr (a real-size run takes many minutes)."""
+    print(f"[zoo {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command line."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--markdown", type=Path, metavar="JSON",
+                    help="print the docs/zoo.md table of a stored run and exit")
     ap.add_argument("--quick", action="store_true", help="tiny sizes, seconds (a smoke run)")
     ap.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
     ap.add_argument("--rounds", type=int, default=None, help="timing rounds (default 7; 2 "
@@ -296,12 +328,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         print(json.dumps(memory_child(json.loads(args.child))))
         return 0
+    if args.markdown:
+        print(markdown_table(json.loads(args.markdown.read_text())))
+        return 0
     torch.set_num_threads(args.threads)
     rounds = args.rounds or (2 if args.quick else 7)
     out = output_path(args)
     results = []
     for name in args.models.split(","):
+        _progress(f"{name}: timing {rounds} rounds")
         r = time_model(name, args.quick, rounds)
+        _progress(f"{name}: memory (a fresh process per variant)")
         r["memory"] = memory_model(name, args.quick, args.threads)
         results.append(r)
     print_table(results, args.threads)

@@ -15,7 +15,7 @@ SWITCH_MODES = ("patience", "fixed", "every_epoch", "never")
 ACTIVATIONS = ("sigmoid", "tanh", "relu")
 DENDRITE_INITS = ("default", "normal", "error")
 CHECKPOINT_FORMATS = ("auto", "file", "dcp")
-GROWTH_KINDS = ("dendrites", "neurons")
+GROWTH_KINDS = ("dendrites", "neurons", "auto")
 NEURON_INITS = ("gradmax", "random")
 MAX_INIT_SCALE = 1e4
 
@@ -53,18 +53,25 @@ class PerforaConfig:
     ``max_dendrites``) or 'neurons' (every wrapped layer whose outputs perfora can follow to
     their readers gains ``neurons_per_step`` of its starting width in new neurons, up to
     ``max_neuron_steps`` times; the readers gain zero input columns, so the output is
-    unchanged). Neuron growth runs in one process, under DataParallel and DDP; sharded
-    backends (FSDP, DeepSpeed) refuse it. See docs/neurons.md."""
-    neuron_init: str = "gradmax"
-    """Incoming weights of new neurons: 'gradmax' (the directions that give their zero
-    outgoing weights the largest gradient, from the error recorded in the epoch before the
-    step; Linear layers read by a Linear) or 'random' (the layer's own initialisation). The
-    outgoing weights start at zero either way; where no signal was recorded, 'random'."""
+    unchanged) or 'auto' (per layer, whichever of a dendrite set and new neurons the error
+    recorded before the step says lowers the loss faster per added parameter; at most
+    ``max_neuron_steps`` steps, ``max_dendrites`` sets per layer). Neuron growth runs in one
+    process, under DataParallel, DDP, FSDP2 and FSDP1 (the whole model gathered for the step;
+    FSDP1: random init only) and DeepSpeed ZeRO 0-2; ZeRO-3 refuses it. See
+    docs/neurons.md."""
+    neuron_init: str = "random"
+    """Incoming weights of new neurons: 'random' (the layer's own initialisation) or
+    'gradmax' (the directions that give their zero outgoing weights the largest gradient,
+    from the error recorded in the epoch before the step; Linear layers read by a Linear;
+    elsewhere, and without a recorded signal, 'random'). The outgoing weights start at zero
+    either way. 'random' is the default: it measured as good or better in
+    ``benchmarks/quality.py``."""
     neurons_per_step: float = 1.0
     """Neurons a growth step adds to a layer, as a fraction of its starting width (at least
     one): 1.0 adds as many as it started with, so widths go 1x, 2x, 3x, ..."""
     max_neuron_steps: int = 5
-    """Cap on neuron growth steps with ``growth='neurons'``; 0 means none (early stopping)."""
+    """Cap on growth steps with ``growth='neurons'`` or ``'auto'``; 0 means none (early
+    stopping)."""
     target_score: float | None = None
     """Stop growing once the (smoothed) score reaches this value, e.g. 1.0 for a training
     accuracy: "grow until the training set is learned" (report the training score to
@@ -185,9 +192,13 @@ class PerforaConfig:
                               f"started with), got {step!r}")
         self.neurons_per_step = float(step)
         _check_int(self, "max_neuron_steps", minimum=0)
-        if self.growth == "neurons" and self.rule != "gd":
-            raise ConfigError(f"growth='neurons' trains new neurons by backprop: it needs "
-                              f"rule='gd', got rule={self.rule!r}")
+        if self.growth != "dendrites" and self.rule != "gd":
+            raise ConfigError(f"growth={self.growth!r} trains new neurons by backprop: it "
+                              f"needs rule='gd', got rule={self.rule!r}")
+        if self.growth == "auto" and self.dendrite_init != "error":
+            raise ConfigError("growth='auto' scores trained dendrite candidates against new "
+                              "neurons: it needs dendrite_init='error' (the default), got "
+                              f"{self.dendrite_init!r}")
         target = self.target_score
         if target is not None:
             if isinstance(target, bool) or not isinstance(target, int | float) \
@@ -255,12 +266,12 @@ class PerforaConfig:
 
     def uses_error_signal(self) -> bool:
         """True when growth steps are planned from recorded error signals."""
-        return self.growth == "dendrites" and (self.dendrite_init == "error"
-                                               or self.grow_fraction < 1)
+        return self.growth == "auto" or (self.growth == "dendrites" and (
+            self.dendrite_init == "error" or self.grow_fraction < 1))
 
     def growth_cap(self) -> int:
         """Growth steps allowed of the configured kind (0: plain early stopping)."""
-        return self.max_neuron_steps if self.growth == "neurons" else self.max_dendrites
+        return self.max_dendrites if self.growth == "dendrites" else self.max_neuron_steps
 
     def threshold_for(self, num_dendrites: int) -> float:
         """The relative improvement margin in force with ``num_dendrites`` sets."""

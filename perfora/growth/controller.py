@@ -23,8 +23,9 @@ from ..nn.layers import dendritic_layers
 from ..parallel import ParallelBackend, backend_of
 from ..rules import make_rule
 from . import surgery
+from .auto_growth import grow_beyond_dendrites
 from .compile_room import make_room_for_recompiles
-from .neuron_growth import arm_widening_signal, check_neuron_growth, grow_neurons
+from .neuron_growth import arm_widening_signal, check_neuron_growth
 from .optimizer_carry import capture, carry_into
 from .optimizer_slot import OptimizerMethods, OptimizerSlot
 from .persistence import CheckpointMethods
@@ -67,10 +68,10 @@ class GrowthController(OptimizerMethods, CheckpointMethods):
                                    "perfora.perforate(model) before creating the controller")
         self.backend.check_rule(config.rule)
         self.backend.check_config(config)
-        if config.growth == "neurons":
-            check_neuron_growth(model, self.backend)
-        self._signal = WideningSignal() if config.growth == "neurons" \
-            and config.neuron_init == "gradmax" else None
+        if config.growth != "dendrites":
+            check_neuron_growth(model, self.backend, config)
+        self._signal = WideningSignal() if config.growth == "auto" or (
+            config.growth == "neurons" and config.neuron_init == "gradmax") else None
         surgery.apply_activation(layers, config.activation)
         for layer in layers.values():
             layer.remember_frozen_base()  # frozen by the user: stays frozen in every phase
@@ -79,8 +80,8 @@ class GrowthController(OptimizerMethods, CheckpointMethods):
         self.rule = make_rule(config.rule, config)
         self.rule.bind_model(model)
         self.rule.apply(layers)
-        self.state = ControllerState(num_dendrites=self._layer_dendrites(),
-                                     num_widenings=surgery.layer_widenings(model))
+        self.state = ControllerState()
+        surgery.count_structure(self.state, model)
         self._probe = ErrorSignalProbe(config.signal_rows) if config.uses_error_signal() \
             else None
         self._slot = OptimizerSlot()
@@ -180,16 +181,18 @@ class GrowthController(OptimizerMethods, CheckpointMethods):
     def _grow(self) -> str:
         """Grow (a dendrite set on every layer, or neurons), then set and rebuild what
         trains; returns what a neuron step added (empty for dendrites)."""
-        if self.config.growth == "neurons":
+        if self.config.growth != "dendrites":
             carried = capture(self._slot.optimizer, self._slot.scheduler, self.model) \
-                if self._slot.rebuildable else None
-            step = grow_neurons(self.model, self.config, self.state, self._signal)
+                if self._slot.rebuildable and not self.backend.sharded else None
+            model, added = grow_beyond_dendrites(self.model, self.backend, self.config,
+                                                 self.state, self._probe, self._signal)
+            self._swap(model)
             self.rule.apply(self._layers())
             self._rebuild_after_change()
             carry_into(carried, self._slot.optimizer, self._slot.scheduler, self.model)
             self._usage.after_restructure(self._layers())
             make_room_for_recompiles(self.state.additions + 1)
-            return step.describe()
+            return added
         self._swap(surgery.grow(self.model, self.backend, self.config, self.state,
                                 self._probe))
         self.rule.after_growth(self._layers())
@@ -240,7 +243,7 @@ class GrowthController(OptimizerMethods, CheckpointMethods):
                                "params": self.parameter_count(), "seconds": seconds,
                                "event": "", **{f"extra/{k}": v for k, v in extras.items()},
                                **({"widenings": st.num_widenings}
-                                  if self.config.growth == "neurons" else {})}
+                                  if self.config.growth != "dendrites" else {})}
         rule_step = self.rule.end_epoch(value, self._layers())
         row.update({f"rule/{k}": v for k, v in self.rule.metrics().items()})
         if rule_step.handled:
@@ -340,8 +343,7 @@ class GrowthController(OptimizerMethods, CheckpointMethods):
             reader.check(self._parts(), run, rehearsed)
             self._unshard()
             reader.load_structure(self.model, run)
-            state.num_dendrites = self._layer_dendrites()  # "best" may hold fewer than the run
-            state.num_widenings = surgery.layer_widenings(self.model)
+            surgery.count_structure(state, self.model)  # "best" may hold less than the run
         self.state = state
         self.rule.load_state_dict(run.rule, self._layers())
         if reader is not None:

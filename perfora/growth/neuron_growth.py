@@ -26,7 +26,7 @@ from ..nn.layers import DendriticLayer, dendritic_layers, unwrap_model
 from ..nn.widening import gradmax_rows, widen
 from ..parallel.base import ParallelBackend
 from .state import ControllerState
-from .surgery import layer_widenings
+from .surgery import record_growth
 from .widening_signal import WideningSignal
 
 
@@ -45,21 +45,36 @@ def widening_targets(model: nn.Module) -> dict[str, LayerPlan]:
     """The plan entries of the wrapped layers that can gain neurons, in forward order."""
     inner = unwrap_model(model)
     plan = plan_widening(inner)
-    return {path: plan.layers[path] for path in dendritic_layers(inner)
-            if path in plan.layers and plan.layers[path].widenable}
+    targets: dict[str, LayerPlan] = {}
+    partners: set[str] = set()
+    for path in dendritic_layers(inner):
+        entry = plan.layers.get(path)
+        if entry is not None and entry.widenable and path not in partners:
+            targets[path] = entry  # Llama's gate and up widen together, once
+            partners.update(entry.partners)
+    return targets
 
 
-def check_neuron_growth(model: nn.Module, backend: ParallelBackend) -> None:
-    """Refuse ``growth='neurons'`` where no wrapped layer can gain neurons, or the backend
-    cannot run it, saying why (before training starts)."""
-    if backend.sharded or backend.owns_optimizer:
+def check_neuron_growth(model: nn.Module, backend: ParallelBackend, config: PerforaConfig
+                        ) -> None:
+    """Refuse ``growth='neurons'`` (or 'auto') where no wrapped layer can gain neurons, or
+    the backend cannot run it, saying why (before training starts)."""
+    growth = config.growth
+    if backend.owns_optimizer and backend.sharded:
         raise ParallelError(
-            f"growth='neurons' is not supported under {type(backend).__name__}: widening "
-            "resizes a layer and every layer that reads it, which a sharded model or an "
-            "engine-owned optimizer cannot take yet; use growth='dendrites', or DDP")
-    if widening_targets(model):
+            f"growth={growth!r} is not supported under DeepSpeed ZeRO-3: widening resizes a "
+            "layer and every layer that reads it, which perfora cannot re-partition yet; use "
+            "ZeRO stage 0-2, FSDP2 or DDP, or growth='dendrites'")
+    flat = backend.sharded and backend.name == "fsdp1"  # flat shards, no shapes
+    if flat and (growth == "auto" or config.neuron_init == "gradmax"):
+        raise ParallelError(
+            f"growth={growth!r} with neuron_init={config.neuron_init!r} is not supported "
+            "under FSDP1: its flat shards hide the shapes the recorded error signal needs; "
+            "use growth='neurons' with neuron_init='random', or FSDP2")
+    inner = unwrap_model(backend.template if flat and backend.template is not None
+                         else model)
+    if widening_targets(inner) or growth == "auto":  # auto grows dendrites there
         return
-    inner = unwrap_model(model)
     plan: WideningPlan = plan_widening(inner)
     reasons = [f"{p}: {plan.layers[p].reason}" for p in dendritic_layers(inner)
                if p in plan.layers]
@@ -84,37 +99,56 @@ def _row_scale(layer: nn.Module) -> float:
     return float(rows.norm(dim=1).mean())
 
 
-def grow_neurons(model: nn.Module, config: PerforaConfig, state: ControllerState,
-                 signal: WideningSignal | None) -> NeuronStep:
-    """Widen every wrapped layer that can gain neurons, in place (unsharded model); records
-    the step in ``state``. The caller re-wraps the model and rebuilds what trains."""
+def reduce_signal(signal: WideningSignal | None, model: nn.Module,
+                  targets: dict[str, LayerPlan]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """Per target layer with a recorded signal: ``(E[g x^T], E[x x^T])`` over all ranks (a
+    collective under torch.distributed; every rank calls it with the same targets)."""
+    if signal is None:
+        return {}
     inner = unwrap_model(model)
-    targets = widening_targets(inner)
-    layers = dendritic_layers(inner)
     shapes = {path: (_width(inner.get_submodule(targets[path].consumers[0][0]), "out"),
-                     _width(layers[path], "in"))
-              for path in (signal.paths if signal is not None else []) if path in targets}
-    sums = signal.reduced(shapes) if signal is not None else {}
+                     _width(inner.get_submodule(path), "in"))
+              for path in signal.paths if path in targets}
+    return signal.reduced(shapes)
+
+
+def step_size(layer: nn.Module, config: PerforaConfig) -> int:
+    """Neurons one step adds to ``layer``: ``neurons_per_step`` of its starting width."""
+    return max(1, int(config.neurons_per_step * start_width(layer) + 0.5))
+
+
+def widen_layers(model: nn.Module, config: PerforaConfig, state: ControllerState,
+                 targets: dict[str, LayerPlan], chosen: list[str],
+                 sums: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> NeuronStep:
+    """Widen the ``chosen`` targets (last first), GradMax rows where ``sums`` has a signal."""
+    inner = unwrap_model(model)
     step = NeuronStep()
-    for path in reversed(list(targets)):
-        layer = layers[path]
-        k = max(1, int(config.neurons_per_step * start_width(layer) + 0.5))
+    for path in reversed([p for p in targets if p in chosen]):
+        layer = inner.get_submodule(path)
+        k = step_size(layer, config)
         seed = zlib.crc32(f"{config.seed}:{state.additions}:{path}:neurons".encode())
         gen = torch.Generator().manual_seed(seed)
         init, how = None, "random"
-        if path in sums and bool(sums[path].abs().sum() > 0):
-            init = gradmax_rows(sums[path], k, _row_scale(layer), gen)
+        if config.neuron_init == "gradmax" and path in sums \
+                and bool(sums[path][0].abs().sum() > 0):
+            init = gradmax_rows(sums[path][0], k, _row_scale(layer), gen)
             how = "gradmax"
         widen(inner, targets[path], k, init=init, generator=gen)
         step.added[path] = (k, how)
     step.added = dict(reversed(list(step.added.items())))
+    return step
+
+
+def grow_neurons(model: nn.Module, config: PerforaConfig, state: ControllerState,
+                 signal: WideningSignal | None) -> NeuronStep:
+    """Widen every wrapped layer that can gain neurons, in place (unsharded model); records
+    the step in ``state``. The caller re-wraps the model and rebuilds what trains."""
+    targets = widening_targets(model)
+    step = widen_layers(model, config, state, targets, list(targets),
+                        reduce_signal(signal, model, targets))
     if signal is not None:
         signal.clear()
-    state.additions += 1
-    state.num_widenings = layer_widenings(inner)
-    state.switch_epochs.append(state.epoch)
-    state.cycle_start_epoch = state.last_improved_epoch = state.epoch
-    state.cycle_scores, state.cycle_best, state.cycle_set_global_best = [], None, False
+    record_growth(state, model)
     return step
 
 

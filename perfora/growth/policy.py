@@ -112,9 +112,9 @@ def _decide(st: ControllerState, config: PerforaConfig, running: float,
         return verdict(RESTRUCTURE, "capacity test: dendrites added every epoch", grow=True)
     if cfg.switch_mode == "never" or cfg.growth_cap() == 0:
         return complete(f"early stopping: no improvement for {cfg.n_epochs_to_switch} epochs")
-    neurons = cfg.growth == "neurons"
-    what, cap = ("neuron step", "max_neuron_steps") if neurons else ("dendrite set",
-                                                                     "max_dendrites")
+    what, cap = {"neurons": ("neuron step", "max_neuron_steps"),
+                 "auto": ("growth step", "max_neuron_steps")}.get(
+                     cfg.growth, ("dendrite set", "max_dendrites"))
     steps = st.growth_steps(cfg.growth)
     if steps > 0 and not st.cycle_set_global_best and not cfg.retain_all_dendrites:
         if st.tries + 1 < cfg.max_dendrite_tries:
@@ -127,6 +127,7 @@ def _decide(st: ControllerState, config: PerforaConfig, running: float,
     if steps >= cfg.growth_cap():
         return complete(f"reached {cap}={cfg.growth_cap()}")
     st.tries = 0
-    added = f"added neuron step {steps + 1}" if neurons else f"added dendrite set {NEW_SET}"
+    added = f"added dendrite set {NEW_SET}" if cfg.growth == "dendrites" \
+        else f"added {what} {steps + 1}"
     return verdict(RESTRUCTURE, f"plateau: {added}",
                    rewind=not cfg.retain_all_dendrites, grow=True)

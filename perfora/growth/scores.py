@@ -41,6 +41,6 @@ def update_arch(state: ControllerState, config: PerforaConfig, running: float,
     if better:
         state.arch[key] = {"dendrites": state.num_dendrites, "params": params,
                            **({"widenings": state.num_widenings}
-                              if config.growth == "neurons" else {}),
+                              if config.growth != "dendrites" else {}),
                            "best_val_score": running, "test_score": test,
                            "epoch": state.epoch}

@@ -130,6 +130,9 @@ class ControllerState:
     num_widenings: int = field(default=0, metadata={
         "check": partial(check_int, low=0, high=MAX_DENDRITES)})
     """Neuron growth steps the model holds (the most of any layer)."""
+    num_steps: int = field(default=0, metadata={
+        "check": partial(check_int, low=0, high=2 * MAX_DENDRITES)})
+    """Growth steps of either kind the model holds (the most of any layer): growth='auto'."""
     tries: int = 0
     additions: int = 0
     completed: bool = False
@@ -140,8 +143,9 @@ class ControllerState:
                                             metadata={"check": _check_arch})
 
     def growth_steps(self, growth: str) -> int:
-        """Growth steps of kind ``growth`` ('dendrites' or 'neurons') the model holds."""
-        return self.num_widenings if growth == "neurons" else self.num_dendrites
+        """Growth steps of kind ``growth`` ('dendrites', 'neurons', 'auto') the model holds."""
+        return {"neurons": self.num_widenings, "auto": self.num_steps}.get(growth,
+                                                                         self.num_dendrites)
 
     def to_dict(self, history_rows: int | None = None) -> dict[str, Any]:
         """A shallow copy as a dict: rows are flat dicts of numbers (no deep copy of history).

@@ -53,13 +53,6 @@ def layer_dendrites(model: nn.Module) -> int:
     return max(counts) if counts else 0
 
 
-def layer_widenings(model: nn.Module) -> int:
-    """Neuron growth steps the model holds: the most widenings of any wrapped layer."""
-    counts = [len(getattr(layer, "widenings", None) or [])
-              for layer in dendritic_layers(unwrap_model(model)).values()]
-    return max(counts, default=0)
-
-
 def snapshot_best(model: nn.Module, backend: ParallelBackend) -> BestSnapshot:
     """The model's structure and tensors, kept as the best snapshot (for the rewind); under
     FSDP2 this rank's shards only."""
@@ -73,8 +66,7 @@ def rewind_to_best(model: nn.Module, backend: ParallelBackend, rule: LearningRul
     specs, weights = best.as_tuple()
     model = backend.restore(model, specs, weights,
                             lambda module: rule.apply(dendritic_layers(module)))
-    state.num_dendrites = layer_dendrites(model)
-    state.num_widenings = layer_widenings(model)
+    count_structure(state, model)
     return model
 
 
@@ -85,13 +77,12 @@ def grow(model: nn.Module, backend: ParallelBackend, config: PerforaConfig,
 
     Each layer grows on its own (under FSDP2 gathered whole one at a time, never the
     whole model); with a probe, each set follows the plan the recorded error signal gives."""
-    counts = _probe_counts(probe, model)
+    counts = probe_counts(probe, model)
     init = "default" if config.dendrite_init == "error" else config.dendrite_init
 
     def grow_layer(index: int, path: str, layer: Any) -> None:
-        seed = zlib.crc32(f"{config.seed}:{state.additions}:{index}:{path}".encode())
-        gen = torch.Generator().manual_seed(seed)
-        plan = _plan_growth(config, state.additions, probe, index, path, layer, counts)
+        gen = torch.Generator().manual_seed(layer_seed(config, state, index, path))
+        plan = plan_layer_growth(config, state.additions, probe, index, path, layer, counts)
         layer.grow(gen, init=init, scale=config.dendrite_init_scale,
                    neurons=plan.neurons if plan else None,
                    weights=plan.weights if plan else None)
@@ -99,15 +90,36 @@ def grow(model: nn.Module, backend: ParallelBackend, config: PerforaConfig,
     model = backend.edit_layers(model, grow_layer)
     if probe is not None:
         probe.clear()
-    state.additions += 1
-    state.num_dendrites = layer_dendrites(model)
-    state.switch_epochs.append(state.epoch)
-    state.cycle_start_epoch = state.last_improved_epoch = state.epoch
-    state.cycle_scores, state.cycle_best, state.cycle_set_global_best = [], None, False
+    record_growth(state, model)
     return model
 
 
-def _probe_counts(probe: ErrorSignalProbe | None, model: nn.Module) -> dict[str, int]:
+def layer_seed(config: PerforaConfig, state: ControllerState, index: int, path: str) -> int:
+    """The seed of a layer's new dendrite weights at this growth step (the same on every
+    rank)."""
+    return zlib.crc32(f"{config.seed}:{state.additions}:{index}:{path}".encode())
+
+
+def record_growth(state: ControllerState, model: nn.Module) -> None:
+    """Count a growth step in ``state``: what the model holds now, and a new cycle."""
+    state.additions += 1
+    count_structure(state, model)
+    state.switch_epochs.append(state.epoch)
+    state.cycle_start_epoch = state.last_improved_epoch = state.epoch
+    state.cycle_scores, state.cycle_best, state.cycle_set_global_best = [], None, False
+
+
+def count_structure(state: ControllerState, model: nn.Module) -> None:
+    """Dendrite sets, neuron steps and growth steps the model holds, into ``state``."""
+    layers = dendritic_layers(unwrap_model(model)).values()
+    state.num_dendrites = max((layer.num_dendrites for layer in layers), default=0)
+    state.num_widenings = max((len(getattr(layer, "widenings", None) or [])
+                               for layer in layers), default=0)
+    state.num_steps = max((layer.num_dendrites + len(getattr(layer, "widenings", None) or [])
+                           for layer in layers), default=0)
+
+
+def probe_counts(probe: ErrorSignalProbe | None, model: nn.Module) -> dict[str, int]:
     """Per layer, the error-signal rows every rank recorded (the minimum over ranks)."""
     if probe is None:
         return {}
@@ -117,7 +129,7 @@ def _probe_counts(probe: ErrorSignalProbe | None, model: nn.Module) -> dict[str,
     return {path: int(count) for path, count in zip(paths, counts)}
 
 
-def _plan_growth(config: PerforaConfig, additions: int, probe: ErrorSignalProbe | None,
+def plan_layer_growth(config: PerforaConfig, additions: int, probe: ErrorSignalProbe | None,
                  index: int, path: str, layer: Any, counts: Mapping[str, int]
                  ) -> GrowthPlan | None:
     """The next set's neurons and weights for one layer, from the recorded error signal.
@@ -158,6 +170,5 @@ def match_structure(model: nn.Module, backend: ParallelBackend, state: Controlle
         fit_structure(shadow, specs, _MISFIT)
     model = backend.unshard(model)
     fit_structure(model, specs, _MISFIT)
-    state.num_dendrites = layer_dendrites(model)
-    state.num_widenings = layer_widenings(model)
+    count_structure(state, model)
     return model

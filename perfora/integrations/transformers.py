@@ -37,6 +37,7 @@ from ..errors import CheckpointError, ConfigError, OrderError, PerforaError
 from ..growth import GrowthController
 from ..growth.state import CONTINUE
 from ..nn.layers import unwrap_model
+from ..nn.widening import widen_to_saved
 from ._common import (
     CONTROLLER_FILE,
     GrowthCallback,
@@ -392,8 +393,10 @@ def load_grown_pretrained(model: nn.Module, folder: str | os.PathLike, *,
     """Load a grown model saved by ``trainer.save_model(folder)`` into a fresh ``model``.
 
     ``model`` is built from the config (``Model(config)``); it is perforated as in training
-    (the same ``module`` and ``perforate_kwargs``), takes the dendrite counts of the saved
-    tensors and loads them strictly."""
+    (the same ``module`` and ``perforate_kwargs``), takes the dendrite counts and widths of
+    the saved tensors and loads them strictly. A layer that gained neurons is widened in one
+    step: the reloaded model equals the saved one within float rounding (the saved model
+    computed each widening as a block of its own)."""
     import safetensors.torch
 
     folder = Path(folder)
@@ -412,6 +415,7 @@ def load_grown_pretrained(model: nn.Module, folder: str | os.PathLike, *,
     for file in files:
         state.update(safetensors.torch.load_file(str(file), device="cpu"))
     _fill_tied(model, state)
+    widen_to_saved(model, state)  # layers that gained neurons in training
     model.load_state_dict(state, strict=True)
     return model
 

@@ -98,6 +98,9 @@ def is_producer(module: nn.Module) -> bool:
     """A layer that can gain output neurons: Linear, Conv (groups=1), HF Conv1D, or a
     Linear/Conv dendritic layer."""
     if isinstance(module, DendriticLayer):
+        if module.kind == "generic":  # e.g. GPT-2's Conv1D: widenable while it has no sets
+            return module.num_dendrites == 0 and (isinstance(module.source, nn.Linear)
+                                                  or is_hf_conv1d(module.source))
         return module.kind in ("linear", "conv") and module._groups() == 1
     if isinstance(module, CONV_TYPES):
         return module.groups == 1
@@ -227,7 +230,8 @@ def _known_blocks(model: nn.Module) -> list[LayerPlan]:
                                  found_by="BERT block"))
             out.append(_refuse(pre + "output.dense", _RESIDUAL + " (then LayerNorm)",
                                "BERT block"))
-        elif has("c_fc", "c_proj", "act") and is_hf_conv1d(m.c_fc):
+        elif has("c_fc", "c_proj", "act") and is_hf_conv1d(
+                m.c_fc.source if isinstance(m.c_fc, DendriticLayer) else m.c_fc):
             out.append(LayerPlan(pre + "c_fc", True, consumers=[(pre + "c_proj", 1)],
                                  through=[(pre + "act", -1)], found_by="GPT-2 MLP"))
             out.append(_refuse(pre + "c_proj", _RESIDUAL, "GPT-2 MLP"))

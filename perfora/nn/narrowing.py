@@ -123,7 +123,7 @@ def _shrink_consumer(module: nn.Module, extra: int, path: str) -> None:
         if isinstance(module, DendriticLayer):
             if module.has_candidate:
                 module.merge_candidate()
-            bank = module.bank_weight
+            bank = getattr(module, "bank_weight", None)
             if bank is not None:
                 _cut_param(module, "bank_weight", 1, bank.shape[1] - extra,
                            lambda d: module._new_param(d, "bank"))

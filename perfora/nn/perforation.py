@@ -423,8 +423,9 @@ def rebuild_structure(model: nn.Module, specs: Mapping[str, Mapping]) -> None:
             inner, types=(), paths=list(specs),
             groups=[(p, s["grouped_with"]) for p, s in specs.items() if s.get("grouped_with")],
             neuron_axes={p: s["neuron_axis"] for p, s in specs.items()},
-            num_neurons={p: s["num_neurons"] for p, s in specs.items()
-                         if s.get("kind") == "generic"},
+            num_neurons={p: s["num_neurons"] - sum(int(e.get("k", 0))
+                                                   for e in s.get("widened") or [])
+                         for p, s in specs.items() if s.get("kind") == "generic"},
             activation=next(iter(specs.values()))["activation"] if specs else "sigmoid")
         layers = dendritic_layers(inner)
     extra = sorted(set(layers) - set(specs))

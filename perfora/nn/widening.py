@@ -30,7 +30,7 @@ from torch import nn
 from ..errors import PerforationError
 from .blocks import BN_TYPES, CONV_TYPES, Blockwise, is_hf_conv1d, make_blocked
 from .consumers import LayerPlan, plan_widening
-from .layers import DendriticLayer, unwrap_model
+from .layers import DendriticLayer, dendritic_layers, unwrap_model
 from .narrowing import narrow_widenings
 
 
@@ -146,8 +146,10 @@ def _out_dim(core: nn.Module) -> int:
 
 def _check_init(module: nn.Module, init: torch.Tensor | None, k: int, path: str) -> None:
     core = _core(module)
-    if isinstance(module, DendriticLayer) and module.kind == "generic":
-        raise PerforationError(f"{path}: a generic dendritic layer cannot be widened")
+    if isinstance(module, DendriticLayer) and module.kind == "generic" \
+            and module.num_dendrites:
+        raise PerforationError(f"{path}: a generic dendritic layer cannot be widened once it "
+                               "holds dendrites")
     if not (isinstance(core, (nn.Linear, *CONV_TYPES)) or is_hf_conv1d(core)):
         raise PerforationError(f"{path}: a {type(core).__name__} cannot be widened")
     if getattr(core, "groups", 1) != 1:
@@ -248,8 +250,10 @@ def widen_consumer(module: nn.Module, extra: int) -> None:
     """``extra`` zero input columns, appended, on a Linear/Conv/Conv1D or a DendriticLayer
     over one (in its base and in its dendrite bank)."""
     core = _core(module)
-    if isinstance(module, DendriticLayer) and module.kind == "generic":
-        raise PerforationError("a generic dendritic layer cannot gain input columns")
+    if isinstance(module, DendriticLayer) and module.kind == "generic" \
+            and module.num_dendrites:
+        raise PerforationError("a generic dendritic layer cannot gain input columns once it "
+                               "holds dendrites")
     outs, ins = _blocks_of(core)
     in_dim = 0 if is_hf_conv1d(core) else 1
     w = core.weight
@@ -260,7 +264,7 @@ def widen_consumer(module: nn.Module, extra: int) -> None:
         if isinstance(module, DendriticLayer):
             if module.has_candidate:
                 module.merge_candidate()
-            if module.bank_weight is not None:
+            if getattr(module, "bank_weight", None) is not None:
                 bank = module.bank_weight
                 pad = list(bank.shape)
                 pad[1] = extra
@@ -339,3 +343,27 @@ def replay_widenings(model: nn.Module, path: str, events: list[dict],
                           through=[tuple(t) for t in event["through"]],
                           partners=list(event.get("partners", [])))
         widen(model, entry, event["k"], generator=generator)
+
+
+def widen_to_saved(model: nn.Module, state: Mapping[str, torch.Tensor]) -> list[str]:
+    """Widen the wrapped layers of ``model`` whose saved base weight in ``state`` has more
+    output neurons, each in one step (the readers found by :func:`plan_widening`), so a
+    state dict saved without perfora's structure record (``save_pretrained``) loads.
+    Returns the paths widened. Computed in one block per layer, the reloaded model equals the
+    saved one within float rounding; :func:`perfora.save_model` records each step and reloads
+    to the bit."""
+    inner = unwrap_model(model)
+    widened = []
+    for path, layer in dendritic_layers(inner).items():
+        core = layer.source
+        key = next((f"{path}.{name}" for name, p in layer.named_parameters()
+                    if p is core.weight), None)
+        saved = state.get(key) if key is not None else None
+        if saved is None:
+            continue
+        od = _out_dim(core)
+        extra = int(saved.shape[od]) - int(core.weight.shape[od])
+        if extra > 0:
+            widen(inner, path, extra)
+            widened.append(path)
+    return widened

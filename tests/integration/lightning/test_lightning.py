@@ -114,6 +114,17 @@ def test_ddp_grows_keeps_ranks_identical_and_completion_stops_the_fit(runs):
     assert (out / "perfora" / "metrics.csv").exists()
 
 
+@pytest.mark.timeout(300)
+def test_ddp_grows_neurons_with_ranks_identical(tmp_path, script_server):
+    run_fit(tmp_path, "--strategy", "ddp", "--max-epochs", "7", "--growth", "neurons",
+            server=script_server)
+    r0, r1 = record(tmp_path, "rank0"), record(tmp_path, "rank1")
+    assert r0["events"].count("restructure") == 2, r0["events"]
+    assert r0["widths"] == r1["widths"] == {"net.0": 48, "net.2": 10}  # 16 + 16 + 16
+    assert r0["params"]["net.2.base.weight"].shape == (10, 48)
+    assert max_diff(r0["params"], r1["params"]) == 0.0
+
+
 @pytest.mark.xdist_group("negative_control")
 @pytest.mark.slow
 @pytest.mark.timeout(300)

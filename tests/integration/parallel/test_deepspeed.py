@@ -245,12 +245,46 @@ def run_bf16(rank: int) -> dict:
             "dtypes": sorted({str(p.ds_tensor.dtype) for p in engine.module.parameters()})}
 
 
+def run_neurons(rank: int) -> dict:
+    """growth='neurons' under ZeRO-2: the widening keeps the output, a new engine takes the
+    widened module, the ranks stay identical; ZeRO-3 refuses it."""
+    engine = wrap(make_model(), 2)
+    ctl = perfora.GrowthController(engine, **{**settings(), "growth": "neurons",
+                                              "max_neuron_steps": 2,
+                                              "switch_mode": "every_epoch"})
+    exact, widths = [], []
+    for epoch in range(3):
+        engine.train()
+        for step in range(STEPS):
+            x, y = data(epoch, step)
+            engine.backward(nn.functional.cross_entropy(engine(x[rank::WORLD]),
+                                                        y[rank::WORLD]))
+            engine.step()
+        engine.eval()
+        with torch.no_grad():
+            before = engine(probe())
+        decision = ctl.step(0.5 + 0.1 * epoch, model=engine)
+        engine = decision.model
+        with torch.no_grad():
+            exact.append(bool(torch.equal(engine(probe()), before)))
+        widths.append({p: layer.num_neurons
+                       for p, layer in perfora.dendritic_layers(engine).items()})
+    refused = None
+    try:
+        perfora.GrowthController(wrap(make_model(), 3), growth="neurons")
+    except perfora.PerforaError as exc:
+        refused = str(exc)
+    state = {k: v.detach().clone() for k, v in engine.module.state_dict().items()}
+    return {"exact": exact, "widths": widths, "rank_diff": _rank_diff(state),
+            "refused": refused, "is_engine": type(engine).__name__}
+
+
 def scenarios(rank: int, world: int, tmp: str) -> dict:
     os.environ.update(DS_ACCELERATOR="cpu", LOCAL_RANK=str(rank), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world))
     _no_shm_op()
     return {**{f"zero{stage}": run_deepspeed(rank, stage, Path(tmp)) for stage in STAGES},
-            "bf16": run_bf16(rank)}
+            "bf16": run_bf16(rank), "neurons": run_neurons(rank)}
 
 
 @pytest.mark.timeout(120)
@@ -284,3 +318,9 @@ def test_zero3_zero2_zero0_growth_rewind_checkpoint(tmp_path: Path) -> None:
     assert z3["partitioned"] and z3["load_refused"]
     # growth, the rewind and the checkpoint file gathered one layer at a time, never the model
     assert 0 < z3["largest_gather"] <= z3["largest_layer"] < z3["model_size"]
+
+    neurons = [r["neurons"] for r in results]
+    assert neurons[0]["widths"] == [{"0": 16, "2": 3}, {"0": 24, "2": 3}, {"0": 24, "2": 3}]
+    assert all(neurons[0]["exact"][:2]) and neurons[0]["is_engine"] == "DeepSpeedEngine"
+    assert {r["rank_diff"] for r in neurons} == {0.0}
+    assert "not supported under DeepSpeed ZeRO-3" in (neurons[0]["refused"] or "")

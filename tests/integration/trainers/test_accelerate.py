@@ -29,3 +29,14 @@ def test_accelerate_grows_in_process_saves_and_resumes_equal(tmp_path, script_se
     assert resumed[0]["dendrites"] == 2
     # (the script's --stale flag is the negative control: the old DDP wrapper kept, the ranks
     # diverge; measured once by hand, not run here to keep the suite short)
+
+
+@pytest.mark.timeout(400)
+def test_accelerate_grows_neurons_and_resumes_equal(tmp_path, script_server):
+    ranks = run_two_ranks(script_server, SCRIPT, tmp_path / "good", "--growth", "neurons")
+    assert ranks[0]["actions"].count("restructure") == 2
+    assert ranks[0]["widenings"] == ranks[1]["widenings"] == 2
+    assert ranks[0]["digest"] == ranks[1]["digest"]  # every parameter, bit for bit
+    resumed = run_two_ranks(script_server, SCRIPT, tmp_path / "resumed", "--growth", "neurons",
+                            "--resume", str(tmp_path / "good" / "state"))
+    assert resumed[0]["digest"] == resumed[1]["digest"] == ranks[0]["digest"]

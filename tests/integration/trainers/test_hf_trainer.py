@@ -263,6 +263,15 @@ def test_ddp_ranks_identical_after_growth_and_diverge_without_the_new_wrapper(tm
     assert control[0]["digest"] != control[1]["digest"]
 
 
+@pytest.mark.timeout(300)
+def test_ddp_grows_neurons_with_ranks_identical(tmp_path, script_server):
+    ranks = run_two_ranks(script_server, SCRIPT, tmp_path / "good", "--growth", "neurons")
+    assert ranks[0]["actions"].count("restructure") == 2 and ranks[0]["widenings"] == 2
+    assert ranks[0]["actions"] == ranks[1]["actions"]
+    assert ranks[0]["digest"] == ranks[1]["digest"]  # every tensor, bit for bit
+    assert ranks[0]["ddp"] and ranks[0]["ddp_covers_model"]
+
+
 def test_a_controller_file_whose_best_snapshot_does_not_fit_changes_nothing(grown, tmp_path):
     ctl = grown["growth"].controller
     step = grown["before"][ctl.state.switch_epochs[0]]["step"]  # after the growth step
@@ -278,3 +287,19 @@ def test_a_controller_file_whose_best_snapshot_does_not_fit_changes_nothing(grow
         trainer.train(resume_from_checkpoint=str(folder))
     _assert_unchanged(trainer.model, before)
     assert growth.controller.epoch == 0
+
+
+def test_a_model_that_gained_neurons_reloads_from_save_pretrained(tmp_path):
+    torch.manual_seed(0)
+    model = perfora.perforate(TinyClassifier(TinyConfig()))
+    perfora.widen(model, "encoder.0", 3)
+    perfora.widen(model, "encoder.0", 2)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)  # every weight, the new ones too, non-zero
+    model.eval().save_pretrained(str(tmp_path))
+    fresh = load_grown_pretrained(TinyClassifier(TinyConfig()), tmp_path).eval()
+    assert fresh.encoder[0].num_neurons == model.encoder[0].num_neurons
+    assert fresh.encoder[2].base.weight.shape == model.encoder[2].base.weight.shape
+    with torch.no_grad():
+        assert torch.allclose(fresh(PROBE).logits, model(PROBE).logits, atol=1e-6)

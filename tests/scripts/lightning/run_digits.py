@@ -139,6 +139,7 @@ def main() -> None:
     ap.add_argument("--retain", action="store_true")
     ap.add_argument("--grow-fraction", type=float, default=None)
     ap.add_argument("--dendrite-init", default=None)
+    ap.add_argument("--growth", default=None, help="dendrites, neurons or auto")
     args = ap.parse_args()
     torch.set_num_threads(1)
     out = Path(args.out)
@@ -160,7 +161,8 @@ def main() -> None:
     model = DigitsNet(shard=shard)
     growth_cls = GrowthWithoutRewrap if args.no_rewrap else DendriteGrowth
     chosen = {k: v for k, v in (("grow_fraction", args.grow_fraction),
-                                ("dendrite_init", args.dendrite_init)) if v is not None}
+                                ("dendrite_init", args.dendrite_init),
+                                ("growth", args.growth)) if v is not None}
     growth = growth_cls(**chosen,monitor="val_acc", mode="max", patience=args.patience,
                             max_dendrites=args.max_dendrites, module="net", rule=args.rule,
                             switch_mode=args.switch_mode, fixed_switch_num=args.fixed_switch_num,
@@ -202,6 +204,8 @@ def main() -> None:
         "should_stop": bool(trainer.should_stop),
         "completed": bool(growth.controller.completed) if growth.controller else None,
         "num_dendrites": growth.controller.num_dendrites if growth.controller else None,
+        "widths": {n: m.num_neurons for n, m in
+                   __import__("perfora").dendritic_layers(model).items()},
         "events": decisions,
         "global_step": trainer.global_step,
         "sharded": any(type(p).__name__ == "DTensor" for p in model.parameters()),

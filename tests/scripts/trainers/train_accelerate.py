@@ -28,6 +28,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out", type=Path)
     parser.add_argument("--stale", action="store_true")
+    parser.add_argument("--growth", default="dendrites", help="dendrites, neurons or auto")
     parser.add_argument("--resume", type=Path)
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -35,7 +36,7 @@ def main() -> None:
     rank = accelerator.process_index
     torch.manual_seed(0)
     model = perfora.perforate(nn.Sequential(nn.Linear(6, 12), nn.Tanh(), nn.Linear(12, 3)))
-    ctl = perfora.GrowthController(model, seed=0, dendrite_init="default",
+    ctl = perfora.GrowthController(model, seed=0, dendrite_init="default", growth=args.growth,
                                    n_epochs_to_switch=2, max_dendrites=5)
     ctl.set_optimizer(torch.optim.Adam, lr=0.01)
     generator = torch.Generator().manual_seed(100 + rank)  # each rank its own data
@@ -69,6 +70,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"result_{rank}.json").write_text(json.dumps({
         "actions": actions, "dendrites": ctl.num_dendrites, "digest": digest.hexdigest(),
+        "widenings": ctl.state.num_widenings,
         "models_held": len(accelerator._models), "optimizers_held": len(accelerator._optimizers)}))
     # meet at a barrier so that no rank leaves while the other still talks to it; the
     # process then leaves with os._exit, without tearing the group down (gloo's

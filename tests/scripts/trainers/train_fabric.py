@@ -25,6 +25,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out", type=Path)
     parser.add_argument("--stale", action="store_true")
+    parser.add_argument("--growth", default="dendrites", help="dendrites, neurons or auto")
     args = parser.parse_args()
     torch.set_num_threads(1)
     fabric = Fabric(accelerator="cpu", devices=2, strategy="ddp")
@@ -32,7 +33,7 @@ def main() -> None:
     rank = fabric.global_rank
     torch.manual_seed(0)
     model = perfora.perforate(nn.Sequential(nn.Linear(6, 12), nn.Tanh(), nn.Linear(12, 3)))
-    ctl = perfora.GrowthController(model, seed=0, dendrite_init="default",
+    ctl = perfora.GrowthController(model, seed=0, dendrite_init="default", growth=args.growth,
                                    n_epochs_to_switch=2, max_dendrites=5)
     ctl.set_optimizer(torch.optim.SGD, lr=0.1)
     optimizer, _ = ctl.build_optimizer()
@@ -59,7 +60,8 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"result_{rank}.json").write_text(json.dumps({
         "actions": actions, "dendrites": ctl.num_dendrites, "digest": digest.hexdigest(),
-        "newest_set_trained": bool(
+        "widenings": ctl.state.num_widenings,
+        "newest_set_trained": bool(ctl.num_dendrites) and bool(
             perfora.dendritic_layers(model)["0"].out_weight[-1].detach().abs().sum() > 0)}))
     # meet at a barrier so that no rank leaves while the other still talks to it; the
     # process then leaves with os._exit, without tearing the group down (gloo's

@@ -34,6 +34,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out", type=Path)
     parser.add_argument("--stale", action="store_true")
+    parser.add_argument("--growth", default="dendrites", help="dendrites, neurons or auto")
     args = parser.parse_args()
     torch.set_num_threads(1)
     trainer = make_trainer(str(args.out / "trainer"), epochs=5, train=Blobs(128, 1),
@@ -43,7 +44,7 @@ def main() -> None:
     # the run ends before completion: keep the last (grown) model, whose ranks are compared,
     # instead of the best snapshot (restore_best_at_end is tested in process)
     growth = cls(monitor="eval_loss", patience=1, max_dendrites=3, seed=0,
-                 improvement_threshold=0.5, dendrite_init="default",
+                 improvement_threshold=0.5, dendrite_init="default", growth=args.growth,
                  restore_best_at_end=False).bind(trainer)
     trainer.train()
     ctl = growth.controller
@@ -54,7 +55,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"result_{rank}.json").write_text(json.dumps({
         "actions": [row["event"] for row in ctl.state.history],
-        "dendrites": ctl.num_dendrites,
+        "dendrites": ctl.num_dendrites, "widenings": ctl.state.num_widenings,
         "digest": digest(trainer.model),
         "ddp": isinstance(wrapped, nn.parallel.DistributedDataParallel),
         "ddp_covers_model": all(id(p) in ddp_params for p in trainer.model.parameters()),

@@ -5,6 +5,7 @@ an uninterrupted one."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -65,7 +66,7 @@ def test_each_step_widens_every_layer_that_can_grow_and_keeps_the_output():
 
 def test_gradmax_rows_are_the_top_directions_of_the_recorded_error():
     model = _model()
-    ctl = _controller(model, max_neuron_steps=1, neurons_per_step=1.0)
+    ctl = _controller(model, max_neuron_steps=1, neurons_per_step=1.0, neuron_init="gradmax")
     # M for layer 0 = sum over rows of (gradient at its reader's output)^T (its input), from
     # the one training batch of the epoch, before the optimizer step
     kept = {}
@@ -207,3 +208,37 @@ def test_a_dataparallel_model_is_rewrapped_widened():
         assert torch.equal(decision.model(X), before)
     _epoch(decision.model, decision.optimizer)  # the new wrapper trains the widened weights
     assert decision.model.module[2].source.weight[:, 4:].abs().sum() > 0
+
+
+def test_auto_scores_both_kinds_per_layer_and_keeps_the_output():
+    model = _model()
+    ctl = _controller(model, growth="auto", max_neuron_steps=2, max_dendrites=1,
+                      candidate_steps=5)
+    opt = ctl.optimizer
+    grown = []
+    for _ in range(2):
+        _epoch(model, opt)
+        with torch.no_grad():
+            before = model(X)
+        decision = ctl.step(0.5)
+        with torch.no_grad():
+            assert torch.equal(decision.model(X), before)
+        model, opt = decision.model, decision.optimizer
+        grown.append(decision.reason)
+    first = grown[0]
+    assert "added growth step 1" in first and "per param: neurons" in first
+    # the last layer's outputs leave the model: it can only gain dendrites, scored alone
+    assert "4: dendrites (per param: neurons -, dendrites " in first
+    assert model[4].num_dendrites == 1  # and then max_dendrites=1 stops it
+    assert "4:" not in grown[1]
+    for path in ("0", "2"):  # each grew what scored higher per parameter
+        d, n = (float(v) for v in re.search(
+            rf"{path}: \w+[^(]*\(per param: neurons ([\d.e+-]+), dendrites ([\d.e+-]+)\)",
+            first).groups()[::-1])
+        assert (f"{path}: neurons" in first) == (n >= d)
+    assert ctl.state.num_steps == 2
+
+
+def test_auto_needs_trained_dendrite_candidates():
+    with pytest.raises(ConfigError, match="dendrite_init='error'"):
+        perfora.PerforaConfig(growth="auto", dendrite_init="default")

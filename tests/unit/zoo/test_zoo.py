@@ -1,5 +1,5 @@
 """The model zoo (tests/support/zoo.py): real architectures at a tiny size through
-perforate, growth, training, export, torch.export, torch.compile and the save/load round
+perforate, growth, training, export, torch.export, ONNX and the save/load round
 trips. What perforate wraps in each is listed in docs/zoo.md."""
 
 from __future__ import annotations
@@ -95,6 +95,23 @@ def test_export_and_torch_export_equal_the_live_model(zoo):
     fed, args = feed(zoo, exported)
     program = torch.export.export(fed, args)
     assert torch.allclose(program.module()(*args), expected, atol=1e-5, rtol=1e-5)
+
+
+ONNX = [z for z in ZOO if z.name == "bert-cls" and z.onnx]  # ~10 s an export: one model
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("zoo", ONNX, ids=[z.name for z in ONNX])
+def test_onnx_export_agrees_with_onnxruntime(zoo):
+    ort = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    model = _grown(zoo)
+    expected = _out(zoo, model)
+    fed, args = feed(zoo, perfora.export(model).eval())
+    program = torch.onnx.export(fed, args, dynamo=True, optimize=False, verbose=False)
+    session = ort.InferenceSession(program.model_proto.SerializeToString())
+    got = session.run(None, {i.name: a.numpy() for i, a in zip(session.get_inputs(), args)})
+    assert torch.allclose(torch.from_numpy(got[0]), expected, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("zoo", ZOO, ids=IDS)
