@@ -18,6 +18,11 @@ def _beyond(row: dict[str, Any], key: str) -> str:
     return " (beyond)" if row.get(f"beyond_{key}") else ""
 
 
+def _short(row: dict[str, Any]) -> str:
+    n = row.get("matched_short")
+    return f" (budget short on {n} seeds)" if n else ""
+
+
 def task_table(name: str, summary: dict[str, Any]) -> str:
     """Markdown: both curves, then arms (accuracies in %, comparisons in points)."""
     budget_arm = summary.get("budget_arm")
@@ -34,7 +39,7 @@ def task_table(name: str, summary: dict[str, Any]) -> str:
             f"{100 * row['q25']:.1f} | {100 * row['q75']:.1f} | {row['dendrites']:g} | "
             f"{row.get('neurons', 0):g} | {row['epochs']:g} | {seconds} | "
             f"{_fmt(row.get('vs_curve'))}{_beyond(row, 'curve')} | "
-            f"{_fmt(row.get('vs_matched'))}{_beyond(row, 'matched')} | "
+            f"{_fmt(row.get('vs_matched'))}{_beyond(row, 'matched')}{_short(row)} | "
             f"{_fmt(row.get('vs_start'))} |")
     return "\n".join(lines)
 

@@ -118,6 +118,11 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             _compare(arm, curve, "curve")
             budgets = {r["seed"]: r["epochs"] for r in runs}
             _compare(arm, matched_curve(matched, budgets), "matched")
+            # seeds where the arm trained longer than the matched runs did (an arm run on
+            # its own, after them): there the curve's budget falls short of the arm's
+            arm["matched_short"] = sum(1 for r in matched if budgets.get(r["seed"], 0)
+                                       > r["epochs"]) // max(1, len({r["width"]
+                                                                   for r in matched}))
             if start_point is not None:
                 arm["vs_start"] = 100 * (arm["median"] - start_point["median"])
             if search is not None:
@@ -148,6 +153,7 @@ def summary_rows(summaries: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
                          "dendrites": arm["dendrites"], "neurons": arm["neurons"],
                          "kept": arm["kept"], "runs": arm["runs"], "epochs": arm["epochs"],
                          "vs_curve": vs, "vs_matched": arm.get("vs_matched"),
+                         "matched_short": arm.get("matched_short", 0),
                          "vs_start": start, "beyond_curve": arm.get("beyond_curve"),
                          "reaches_curve": _flag(vs, 0),
                          # the older target: at or above the early-stopped curve, grown in

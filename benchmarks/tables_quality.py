@@ -38,7 +38,9 @@ def _arms(name: str) -> str:
         out.append([r["task"], r["arm"], f"{r['params']:.0f}", f"{r['dendrites']:g}",
                     f"{r.get('neurons', 0):g}", f"{r['kept']}/{r['runs']}",
                     f"{r['epochs']:g}" if "epochs" in r else "",
-                    _points(r["vs_curve"]) + beyond, _points(r.get("vs_matched")),
+                    _points(r["vs_curve"]) + beyond, _points(r.get("vs_matched")) + (
+                        f" (budget short on {r['matched_short']} seeds)"
+                        if r.get("matched_short") else ""),
                     _points(r["vs_start"]), _yes(r["counts"])])
     return _rows(["task", "arm", "params", "dendrites", "neuron steps", "kept", "epochs",
                   "vs_curve", "vs_matched", "vs_start", "counts"], out)

@@ -55,6 +55,8 @@ def test_each_arm_meets_the_curve_trained_as_long_as_it_trained_on_each_seed() -
     assert arms["default"]["vs_curve"] == pytest.approx(25.0)  # early-stopped: 0.5
     assert arms["default"]["vs_matched"] == pytest.approx(-5.0)  # 150 epochs: 0.8
     assert arms["short"]["vs_matched"] == pytest.approx(25.0)  # 50 epochs: still 0.5
+    # the matched runs trained 100 epochs: short of the default's 150, said per seed
+    assert (arms["default"]["matched_short"], arms["short"]["matched_short"]) == (2, 0)
 
 
 def test_the_width_search_is_the_whole_sweep_against_one_grown_run() -> None:
