@@ -32,6 +32,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import tables_quality
+
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 README = HERE / "README.md"
@@ -189,48 +191,6 @@ def table_ddp_restructure() -> str:
                   "restart / in-process"],
                  [[f"{in_process:.0f}", f"{restart:.1f}",
                    f"{result['restart_over_in_process']:.0f}x"]])
-
-
-# -------------------------------------------------------------------------------- quality
-def _points(value: float | None) -> str:
-    return "" if value is None else f"{value:+.1f}"
-
-
-def table_quality() -> str:
-    """``quality.py``: every task and arm against the width curve (medians over seeds)."""
-    result = _load("quality.json")
-    out = []
-    for r in result["summary"]:
-        beyond = " (beyond)" if r.get("beyond_curve") else ""
-        counts = "" if r["counts"] is None else ("yes" if r["counts"] else "no")
-        out.append([r["task"], r["arm"], f"{r['params']:.0f}", f"{r['dendrites']:g}",
-                    f"{r['kept']}/{r['runs']}", _points(r["vs_curve"]) + beyond,
-                    _points(r["vs_start"]), counts])
-    return _rows(["task", "arm", "params", "dendrites (median)", "kept", "vs_curve",
-                  "vs_start", "counts"], out)
-
-
-def table_quality_curve() -> str:
-    """``quality.py``: the width curves, median test accuracy (%) at each width's params."""
-    result = _load("quality.json")
-    out = []
-    for task, summary in result["tasks"].items():
-        points = ", ".join(f"{c['width']}: {100 * c['median']:.1f} ({c['params']:.0f})"
-                           for c in summary["curve"])
-        out.append([task, points])
-    return _rows(["task", "curve"], out)
-
-
-def table_quality_setup() -> str:
-    """``quality.py``: how the stored run was made."""
-    result = _load("quality.json")
-    setup = result["setup"]
-    return _rows(["seeds", "patience", "max_dendrites", "epoch cap", "lr", "runs", "jobs",
-                  "seconds", "torch"],
-                 [[str(len(setup["seeds"])), str(setup["patience"]),
-                   str(setup["max_dendrites"]), f"{setup['max_epochs']:,}", f"{setup['lr']:g}",
-                   str(len(result["runs"])), str(setup["jobs"]),
-                   f"{result['total_seconds']:.0f}", setup["torch"]]])
 
 
 # -------------------------------------------------------------------------------- held-out
@@ -411,9 +371,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "export-speed": table_export_speed,
     "ddp": table_ddp,
     "ddp-restructure": table_ddp_restructure,
-    "quality-setup": table_quality_setup,
-    "quality": table_quality,
-    "quality-curve": table_quality_curve,
+    **tables_quality.TABLES,
     "heldout": table_heldout,
     "convert-size": table_convert_size,
     "gpu-step": table_gpu_step,

@@ -1,0 +1,104 @@
+"""The quality benchmark compares a grown arm fairly: with a width curve trained as long as
+the arm, with the whole width sweep a user would run, and it survives arms the installed
+perfora does not know."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import pytest
+
+from tests.unit.benchmarks.test_output_paths import BENCHMARKS, load
+
+pytestmark = pytest.mark.skipif(not (BENCHMARKS / "quality_stats.py").exists(),
+                                reason="needs the benchmarks folder")
+
+
+def _stats():
+    load("quality")  # puts benchmarks/ on sys.path, as the script has it
+    return sys.modules["quality_stats"]
+
+
+def _curve(seed: int, width: int, params: int, test: float, epochs: int) -> dict:
+    return {"task": "t", "seed": seed, "kind": "curve", "name": f"width {width}",
+            "width": width, "test": test, "params": params, "epochs": epochs,
+            "seconds": 1.0}
+
+
+def _matched(seed: int, width: int, params: int, trace: list[list[float]]) -> dict:
+    return {**_curve(seed, width, params, trace[-1][1], int(trace[-1][0])),
+            "kind": "matched", "trace": trace}
+
+
+def _arm(seed: int, test: float, params: int, epochs: int, name: str = "default") -> dict:
+    return {"task": "t", "seed": seed, "kind": "arm", "name": name, "width": 4, "test": test,
+            "params": params, "dendrites": 1, "epochs": epochs, "seconds": 1.0}
+
+
+def test_a_matched_width_scores_at_its_best_validation_epoch_within_the_arms_epochs() -> None:
+    qs = _stats()
+    trace = [[1, 0.5], [40, 0.6], [90, 0.9]]  # new best validation scores at 1, 40, 90
+    assert qs.at_budget(trace, 39) == 0.5
+    assert qs.at_budget(trace, 89) == 0.6
+    assert qs.at_budget(trace, 500) == 0.9
+
+
+def test_each_arm_meets_the_curve_trained_as_long_as_it_trained_on_each_seed() -> None:
+    qs = _stats()
+    rows = [_curve(s, w, p, 0.5, 10) for s in (0, 1) for w, p in ((4, 100), (8, 400))]
+    rows += [_matched(s, w, p, [[1, 0.5], [100, 0.8]]) for s in (0, 1)
+             for w, p in ((4, 100), (8, 400))]
+    rows += [_arm(s, 0.75, 200, 150) for s in (0, 1)]  # long enough to reach 0.8
+    rows += [_arm(s, 0.75, 200, 50, "short") for s in (0, 1)]  # stops before epoch 100
+    arms = {a["name"]: a for a in qs.summarize(rows)["t"]["arms"]}
+    assert arms["default"]["vs_curve"] == pytest.approx(25.0)  # early-stopped: 0.5
+    assert arms["default"]["vs_matched"] == pytest.approx(-5.0)  # 150 epochs: 0.8
+    assert arms["short"]["vs_matched"] == pytest.approx(25.0)  # 50 epochs: still 0.5
+    # the matched runs trained 100 epochs: short of the default's 150, said per seed
+    assert (arms["default"]["matched_short"], arms["short"]["matched_short"]) == (2, 0)
+
+
+def test_the_width_search_is_the_whole_sweep_against_one_grown_run() -> None:
+    qs = _stats()
+    rows = [_curve(s, 4, 100, 0.80, 30) for s in (0, 1, 2)]
+    rows += [_curve(s, 8, 400, 0.90, 40) for s in (0, 1, 2)]
+    rows += [_arm(s, 0.895, 300, 60) for s in (0, 1, 2)]  # within a point, 60 < 70 epochs
+    rows += [_arm(s, 0.95, 300, 80, "slow") for s in (0, 1, 2)]  # better, but 80 > 70
+    summary = qs.summarize(rows)["t"]
+    assert summary["width_search"]["best_width"] == 8
+    assert summary["width_search"]["sweep_epochs"] == 70
+    targets = {r["arm"]: r for r in qs.target_rows({"t": summary})}
+    assert targets["default"]["width_search"] is True
+    assert "slow" not in targets  # only the judged arms (TARGET_ARMS)
+    arm = next(a for a in summary["arms"] if a["name"] == "slow")
+    assert arm["near_best_width"] and not arm["fewer_epochs_than_sweep"]
+
+
+def test_an_arm_the_installed_perfora_rejects_is_skipped_and_a_bad_custom_arm_is_refused(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    quality = load("quality")
+    parser = argparse.ArgumentParser()
+    setup = quality.Setup(patience=2, max_dendrites=1, max_epochs=5)
+    arms = {"default": {}, "future": {"growth": "no-such-growth"},
+            "typo": {"no_such_setting": 1}}
+    kept, skipped = quality._accepted_arms(parser, arms, list(arms), setup)
+    assert kept == ["default"]
+    assert set(skipped) == {"future", "typo"}
+    assert "skipping arm 'future'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        quality._accepted_arms(parser, {"custom": {"growth": "no-such-growth"}}, ["custom"],
+                               setup)
+
+
+def test_runs_saved_apart_are_reported_together_only_with_the_same_settings() -> None:
+    quality = load("quality")
+    setup = {"patience": 10, "max_dendrites": 4, "max_epochs": 2000, "lr": 0.01,
+             "seeds": [0, 1], "quick": False, "arms": {"default": {}}}
+    one = {"setup": setup, "total_seconds": 5.0, "runs": [_arm(0, 0.5, 10, 5)]}
+    two = {"setup": {**setup, "arms": {"gd": {}}}, "total_seconds": 7.0,
+           "runs": [_arm(1, 0.5, 10, 5)]}
+    rows, merged, total = quality.merge_saved([one, two])
+    assert len(rows) == 2 and total == 12.0 and set(merged["arms"]) == {"default", "gd"}
+    with pytest.raises(SystemExit, match="patience"):
+        quality.merge_saved([one, {**two, "setup": {**setup, "patience": 8}}])
