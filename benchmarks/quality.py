@@ -402,6 +402,9 @@ def merge_saved(saved: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict
         setup["arms"] = {**setup.get("arms", {}), **theirs.get("arms", {})}
         setup["skipped_arms"] = {**setup.get("skipped_arms", {}),
                                  **theirs.get("skipped_arms", {})}
+    # an arm one command skipped (an older perfora) and another ran is not skipped
+    setup["skipped_arms"] = {k: v for k, v in setup.get("skipped_arms", {}).items()
+                             if k not in setup.get("arms", {})}
     rows = [r for s in saved for r in s["runs"]]
     setup["runs"] = len(rows)
     return rows, setup, sum(s["total_seconds"] for s in saved)

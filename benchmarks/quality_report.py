@@ -121,8 +121,9 @@ def plot(name: str, summary: dict[str, Any], path: Path) -> None:
     colors = plt.get_cmap("tab20").colors
     for i, arm in enumerate(summary["arms"]):
         y, x = 100 * arm["median"], arm["params"]
-        grown = (f"{arm['neurons']:g} neuron steps" if arm.get("neurons") else
-                 f"{arm['dendrites']:g} dendrites")
+        grown = ", ".join([f"{arm['dendrites']:g} dendrites"] * bool(
+            arm["dendrites"] or not arm.get("neurons"))
+            + [f"{arm['neurons']:g} neuron steps"] * bool(arm.get("neurons")))
         ax.errorbar(x, y, yerr=[[y - 100 * arm["q25"]], [100 * arm["q75"] - y]],
                     xerr=[[x - arm["params_q25"]], [arm["params_q75"] - x]],
                     fmt=markers[i % len(markers)], ms=10 - 2 * (i % 3), capsize=3,
