@@ -53,9 +53,10 @@ class PerforaConfig:
     ``max_dendrites``) or 'neurons' (every wrapped layer whose outputs perfora can follow to
     their readers gains ``neurons_per_step`` of its starting width in new neurons, up to
     ``max_neuron_steps`` times; the readers gain zero input columns, so the output is
-    unchanged) or 'auto' (per layer, whichever of a dendrite set and new neurons the error
-    recorded before the step says lowers the loss faster per added parameter; at most
-    ``max_neuron_steps`` steps, ``max_dendrites`` sets per layer). Neuron growth runs in one
+    unchanged) or 'auto' (both kinds, chosen by the validation score: steps of one kind,
+    dendrites first, while they beat the best score; a step that does not is undone and the
+    other kind tried instead; growth ends when both fail in a row or both caps are reached:
+    ``max_dendrites`` sets, ``max_neuron_steps`` neuron steps). Neuron growth runs in one
     process, under DataParallel, DDP, FSDP2 and FSDP1 (the whole model gathered for the step;
     FSDP1: random init only) and DeepSpeed ZeRO 0-2; ZeRO-3 refuses it. See
     docs/neurons.md."""
@@ -70,8 +71,8 @@ class PerforaConfig:
     """Neurons a growth step adds to a layer, as a fraction of its starting width (at least
     one): 1.0 adds as many as it started with, so widths go 1x, 2x, 3x, ..."""
     max_neuron_steps: int = 5
-    """Cap on growth steps with ``growth='neurons'`` or ``'auto'``; 0 means none (early
-    stopping)."""
+    """Cap on neuron growth steps (``growth='neurons'`` or ``'auto'``); with 'neurons', 0
+    means none (early stopping)."""
     target_score: float | None = None
     """Stop growing once the (smoothed) score reaches this value, e.g. 1.0 for a training
     accuracy: "grow until the training set is learned" (report the training score to
@@ -195,10 +196,6 @@ class PerforaConfig:
         if self.growth != "dendrites" and self.rule != "gd":
             raise ConfigError(f"growth={self.growth!r} trains new neurons by backprop: it "
                               f"needs rule='gd', got rule={self.rule!r}")
-        if self.growth == "auto" and self.dendrite_init != "error":
-            raise ConfigError("growth='auto' scores trained dendrite candidates against new "
-                              "neurons: it needs dendrite_init='error' (the default), got "
-                              f"{self.dendrite_init!r}")
         target = self.target_score
         if target is not None:
             if isinstance(target, bool) or not isinstance(target, int | float) \
@@ -266,12 +263,14 @@ class PerforaConfig:
 
     def uses_error_signal(self) -> bool:
         """True when growth steps are planned from recorded error signals."""
-        return self.growth == "auto" or (self.growth == "dendrites" and (
-            self.dendrite_init == "error" or self.grow_fraction < 1))
+        return self.growth in ("dendrites", "auto") and (
+            self.dendrite_init == "error" or self.grow_fraction < 1)
 
     def growth_cap(self) -> int:
-        """Growth steps allowed of the configured kind (0: plain early stopping)."""
-        return self.max_dendrites if self.growth == "dendrites" else self.max_neuron_steps
+        """Growth steps allowed of the configured kind (0: plain early stopping); with
+        'auto', of both kinds together."""
+        return {"dendrites": self.max_dendrites, "neurons": self.max_neuron_steps}.get(
+            self.growth, self.max_dendrites + self.max_neuron_steps)
 
     def threshold_for(self, num_dendrites: int) -> float:
         """The relative improvement margin in force with ``num_dendrites`` sets."""

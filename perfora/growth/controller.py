@@ -23,9 +23,8 @@ from ..nn.layers import dendritic_layers
 from ..parallel import ParallelBackend, backend_of
 from ..rules import make_rule
 from . import surgery
-from .auto_growth import grow_beyond_dendrites
 from .compile_room import make_room_for_recompiles
-from .neuron_growth import arm_widening_signal, check_neuron_growth
+from .neuron_growth import arm_widening_signal, check_neuron_growth, grow_neurons
 from .optimizer_carry import capture, carry_into
 from .optimizer_slot import OptimizerMethods, OptimizerSlot
 from .persistence import CheckpointMethods
@@ -68,10 +67,11 @@ class GrowthController(OptimizerMethods, CheckpointMethods):
                                    "perfora.perforate(model) before creating the controller")
         self.backend.check_rule(config.rule)
         self.backend.check_config(config)
-        if config.growth != "dendrites":
-            check_neuron_growth(model, self.backend, config)
-        self._signal = WideningSignal() if config.growth == "auto" or (
-            config.growth == "neurons" and config.neuron_init == "gradmax") else None
+        if config.growth != "dendrites" and not check_neuron_growth(model, self.backend,
+                                                                     config):
+            self.config = config = config.replace(max_neuron_steps=0)  # auto: dendrites only
+        self._signal = WideningSignal() if config.growth != "dendrites" \
+            and config.neuron_init == "gradmax" else None
         surgery.apply_activation(layers, config.activation)
         for layer in layers.values():
             layer.remember_frozen_base()  # frozen by the user: stays frozen in every phase
@@ -181,11 +181,14 @@ class GrowthController(OptimizerMethods, CheckpointMethods):
     def _grow(self) -> str:
         """Grow (a dendrite set on every layer, or neurons), then set and rebuild what
         trains; returns what a neuron step added (empty for dendrites)."""
-        if self.config.growth != "dendrites":
+        kind = self.state.auto_kind if self.config.growth == "auto" else self.config.growth
+        if kind == "neurons":
             carried = capture(self._slot.optimizer, self._slot.scheduler, self.model) \
                 if self._slot.rebuildable and not self.backend.sharded else None
-            model, added = grow_beyond_dendrites(self.model, self.backend, self.config,
-                                                 self.state, self._probe, self._signal)
+            model = self.backend.unshard(self.model)
+            added = grow_neurons(model, self.config, self.state, self._signal).describe()
+            if self._probe is not None:
+                self._probe.clear()
             self._swap(model)
             self.rule.apply(self._layers())
             self._rebuild_after_change()
@@ -199,7 +202,8 @@ class GrowthController(OptimizerMethods, CheckpointMethods):
         self._rebuild_after_change()
         if not self.backend.sharded:
             self._usage.after_restructure(self._layers())
-        make_room_for_recompiles(self.state.num_dendrites + 1)
+        make_room_for_recompiles((self.state.additions if self.config.growth == "auto"
+                                  else self.state.num_dendrites) + 1)
         return ""
 
     def _rewind_to_best(self) -> None:

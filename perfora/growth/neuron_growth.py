@@ -1,6 +1,7 @@
 """A neuron growth step: every wrapped layer that can gain neurons gains them, exactly.
 
-The controller calls :func:`grow_neurons` at a plateau when ``growth='neurons'``. Each
+The controller calls :func:`grow_neurons` at a plateau when ``growth='neurons'`` (or when
+``growth='auto'`` chose neurons). Each
 wrapped layer whose readers :func:`perfora.plan_widening` finds gains
 ``neurons_per_step`` times its starting width in new neurons (at least one); its readers gain
 zero input columns, so the model's output is unchanged. The new incoming weights come from
@@ -56,9 +57,10 @@ def widening_targets(model: nn.Module) -> dict[str, LayerPlan]:
 
 
 def check_neuron_growth(model: nn.Module, backend: ParallelBackend, config: PerforaConfig
-                        ) -> None:
-    """Refuse ``growth='neurons'`` (or 'auto') where no wrapped layer can gain neurons, or
-    the backend cannot run it, saying why (before training starts)."""
+                        ) -> bool:
+    """Refuse ``growth='neurons'`` where no wrapped layer can gain neurons, and neuron growth
+    where the backend cannot run it, saying why (before training starts). True when some
+    layer can gain neurons (False: 'auto' grows dendrites only)."""
     growth = config.growth
     if backend.owns_optimizer and backend.sharded:
         raise ParallelError(
@@ -66,15 +68,17 @@ def check_neuron_growth(model: nn.Module, backend: ParallelBackend, config: Perf
             "layer and every layer that reads it, which perfora cannot re-partition yet; use "
             "ZeRO stage 0-2, FSDP2 or DDP, or growth='dendrites'")
     flat = backend.sharded and backend.name == "fsdp1"  # flat shards, no shapes
-    if flat and (growth == "auto" or config.neuron_init == "gradmax"):
+    if flat and config.neuron_init == "gradmax":
         raise ParallelError(
             f"growth={growth!r} with neuron_init={config.neuron_init!r} is not supported "
             "under FSDP1: its flat shards hide the shapes the recorded error signal needs; "
-            "use growth='neurons' with neuron_init='random', or FSDP2")
+            "use neuron_init='random' (the default), or FSDP2")
     inner = unwrap_model(backend.template if flat and backend.template is not None
                          else model)
-    if widening_targets(inner) or growth == "auto":  # auto grows dendrites there
-        return
+    if widening_targets(inner):
+        return True
+    if growth == "auto":
+        return False
     plan: WideningPlan = plan_widening(inner)
     reasons = [f"{p}: {plan.layers[p].reason}" for p in dendritic_layers(inner)
                if p in plan.layers]

@@ -8,6 +8,7 @@ state, the config and the score, so every rank reaches the same verdict.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..config import PerforaConfig
@@ -112,9 +113,10 @@ def _decide(st: ControllerState, config: PerforaConfig, running: float,
         return verdict(RESTRUCTURE, "capacity test: dendrites added every epoch", grow=True)
     if cfg.switch_mode == "never" or cfg.growth_cap() == 0:
         return complete(f"early stopping: no improvement for {cfg.n_epochs_to_switch} epochs")
-    what, cap = {"neurons": ("neuron step", "max_neuron_steps"),
-                 "auto": ("growth step", "max_neuron_steps")}.get(
-                     cfg.growth, ("dendrite set", "max_dendrites"))
+    if cfg.growth == "auto":
+        return _decide_auto(st, cfg, verdict, complete)
+    what, cap = {"neurons": ("neuron step", "max_neuron_steps")}.get(
+        cfg.growth, ("dendrite set", "max_dendrites"))
     steps = st.growth_steps(cfg.growth)
     if steps > 0 and not st.cycle_set_global_best and not cfg.retain_all_dendrites:
         if st.tries + 1 < cfg.max_dendrite_tries:
@@ -128,6 +130,44 @@ def _decide(st: ControllerState, config: PerforaConfig, running: float,
         return complete(f"reached {cap}={cfg.growth_cap()}")
     st.tries = 0
     added = f"added dendrite set {NEW_SET}" if cfg.growth == "dendrites" \
-        else f"added {what} {steps + 1}"
+        else f"added {what} {st.num_widenings + 1}"
     return verdict(RESTRUCTURE, f"plateau: {added}",
                    rewind=not cfg.retain_all_dendrites, grow=True)
+
+
+_OTHER = {"dendrites": "neurons", "neurons": "dendrites"}
+_STEP_NAME = {"dendrites": "a dendrite set", "neurons": "a neuron step"}
+
+
+def _room(st: ControllerState, config: PerforaConfig, kind: str) -> bool:
+    """True when the model may still gain a step of ``kind`` under its cap."""
+    if kind == "dendrites":
+        return st.num_dendrites < config.max_dendrites
+    return st.num_widenings < config.max_neuron_steps
+
+
+def _decide_auto(st: ControllerState, config: PerforaConfig,
+                 verdict: Callable[..., Verdict], complete: Callable[..., Verdict]) -> Verdict:
+    """growth='auto' at a plateau: keep growing the kind whose last step beat the best score
+    (dendrites first); undo a step that did not and try the other kind from the best model;
+    complete when both failed in a row or both kinds reached their caps."""
+    kind, other = st.auto_kind, _OTHER[st.auto_kind]
+    if st.num_steps > 0 and not st.cycle_set_global_best:
+        if st.auto_failed or not _room(st, config, other):
+            also = f", nor did {_STEP_NAME[other]} before it" if st.auto_failed else ""
+            return complete(f"{_STEP_NAME[kind]} did not beat the best score{also}: growth "
+                            "stops here")
+        st.auto_kind, st.auto_failed = other, True
+        st.tries = 0
+        return verdict(RESTRUCTURE, f"{_STEP_NAME[kind]} did not beat the best score: "
+                                    f"undone; added {_STEP_NAME[other]} instead",
+                       rewind=True, grow=True)
+    if st.num_steps > 0:
+        st.auto_failed = False  # the last step paid
+    if not _room(st, config, kind):
+        if not _room(st, config, other):
+            return complete(f"reached max_dendrites={config.max_dendrites} and "
+                            f"max_neuron_steps={config.max_neuron_steps}")
+        kind = st.auto_kind = other
+    return verdict(RESTRUCTURE, f"plateau: added {_STEP_NAME[kind]}",
+                   rewind=not config.retain_all_dendrites, grow=True)

@@ -133,6 +133,11 @@ class ControllerState:
     num_steps: int = field(default=0, metadata={
         "check": partial(check_int, low=0, high=2 * MAX_DENDRITES)})
     """Growth steps of either kind the model holds (the most of any layer): growth='auto'."""
+    auto_kind: str = field(default="dendrites", metadata={
+        "check": partial(check_str, choices=("dendrites", "neurons"))})
+    """growth='auto': the kind the next growth step adds (the one that paid last)."""
+    auto_failed: bool = False
+    """growth='auto': the other kind's step failed just before the current kind's."""
     tries: int = 0
     additions: int = 0
     completed: bool = False

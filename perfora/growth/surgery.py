@@ -10,6 +10,7 @@ rebuilds what trains.
 
 from __future__ import annotations
 
+import math
 import zlib
 from collections.abc import Mapping
 from typing import Any
@@ -120,11 +121,14 @@ def count_structure(state: ControllerState, model: nn.Module) -> None:
 
 
 def probe_counts(probe: ErrorSignalProbe | None, model: nn.Module) -> dict[str, int]:
-    """Per layer, the error-signal rows every rank recorded (the minimum over ranks)."""
+    """Per layer, the error-signal rows every rank recorded (the minimum over ranks); none
+    for a layer whose width changed since (a rewind past a widening)."""
     if probe is None:
         return {}
-    paths = sorted(dendritic_layers(model))
-    counts = torch.tensor([probe.row_count(p) for p in paths], dtype=torch.int64)
+    layers = dendritic_layers(model)
+    paths = sorted(layers)
+    counts = torch.tensor([probe.row_count(p) if _rows_fit(probe, p, layers[p]) else 0
+                           for p in paths], dtype=torch.int64)
     counts = all_reduce_values(counts, "min")
     return {path: int(count) for path, count in zip(paths, counts)}
 
@@ -172,3 +176,13 @@ def match_structure(model: nn.Module, backend: ParallelBackend, state: Controlle
     fit_structure(model, specs, _MISFIT)
     count_structure(state, model)
     return model
+
+
+def _rows_fit(probe: ErrorSignalProbe, path: str, layer: Any) -> bool:
+    """True when the rows recorded for ``layer`` have its current input and output widths."""
+    rows = probe.samples(path)
+    if rows is None:
+        return False
+    x, e = rows
+    features = math.prod(layer.source.weight.shape[1:])
+    return x.shape[-1] == features and e.shape[-1] == layer.num_neurons

@@ -5,7 +5,6 @@ an uninterrupted one."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
@@ -210,35 +209,71 @@ def test_a_dataparallel_model_is_rewrapped_widened():
     assert decision.model.module[2].source.weight[:, 4:].abs().sum() > 0
 
 
-def test_auto_scores_both_kinds_per_layer_and_keeps_the_output():
+def _structure(model: nn.Module) -> tuple[tuple[int, int], ...]:
+    """(dendrite sets, width) of each wrapped layer."""
+    return tuple((layer.num_dendrites, layer.num_neurons)
+                 for layer in perfora.dendritic_layers(model).values())
+
+
+def test_auto_keeps_the_kind_that_pays_and_undoes_the_one_that_does_not():
     model = _model()
-    ctl = _controller(model, growth="auto", max_neuron_steps=2, max_dendrites=1,
-                      candidate_steps=5)
+    ctl = _controller(model, growth="auto", max_neuron_steps=3, max_dendrites=3)
     opt = ctl.optimizer
-    grown = []
-    for _ in range(2):
+    reasons, shapes = [], []
+    # scores: 1st cycle; dendrites pay; dendrites fail; neurons pay; neurons fail; dendrites
+    # fail too -> complete
+    for score in (0.5, 0.6, 0.55, 0.7, 0.65, 0.6):
         _epoch(model, opt)
         with torch.no_grad():
             before = model(X)
-        decision = ctl.step(0.5)
-        with torch.no_grad():
-            assert torch.equal(decision.model(X), before)
+        decision = ctl.step(score)
+        if not decision.complete:  # a step keeps the output (an undo restores the best first)
+            assert decision.restructured, decision.reason
+            if "undone" not in decision.reason:
+                with torch.no_grad():
+                    assert torch.equal(decision.model(X), before)
         model, opt = decision.model, decision.optimizer
-        grown.append(decision.reason)
-    first = grown[0]
-    assert "added growth step 1" in first and "per param: neurons" in first
-    # the last layer's outputs leave the model: it can only gain dendrites, scored alone
-    assert "4: dendrites (per param: neurons -, dendrites " in first
-    assert model[4].num_dendrites == 1  # and then max_dendrites=1 stops it
-    assert "4:" not in grown[1]
-    for path in ("0", "2"):  # each grew what scored higher per parameter
-        d, n = (float(v) for v in re.search(
-            rf"{path}: \w+[^(]*\(per param: neurons ([\d.e+-]+), dendrites ([\d.e+-]+)\)",
-            first).groups()[::-1])
-        assert (f"{path}: neurons" in first) == (n >= d)
-    assert ctl.state.num_steps == 2
+        reasons.append(decision.reason)
+        shapes.append(_structure(model))
+    assert reasons[0] == reasons[1] == "plateau: added a dendrite set"
+    assert reasons[2] == ("a dendrite set did not beat the best score: undone; added a "
+                          "neuron step instead (0: +4 random, 2: +5 random)")
+    assert reasons[3] == "plateau: added a neuron step (0: +4 random, 2: +5 random)"
+    assert reasons[4] == ("a neuron step did not beat the best score: undone; added a "
+                          "dendrite set instead")
+    assert decision.complete and reasons[5].startswith(
+        "a dendrite set did not beat the best score, nor did a neuron step before it")
+    assert shapes[0] == ((1, 4), (1, 5), (1, 3))
+    assert shapes[1] == ((2, 4), (2, 5), (2, 3))
+    # the failed 2nd set is undone; the hidden layers gain neurons (the last feeds no layer)
+    assert shapes[2] == ((1, 8), (1, 10), (1, 3))
+    assert shapes[3] == ((1, 12), (1, 15), (1, 3))
+    assert shapes[4] == ((2, 8), (2, 10), (2, 3))
+    assert shapes[5] == ((1, 8), (1, 10), (1, 3))  # completion restores the best (0.7)
+    assert ctl.best_score == 0.7
 
 
-def test_auto_needs_trained_dendrite_candidates():
-    with pytest.raises(ConfigError, match="dendrite_init='error'"):
-        perfora.PerforaConfig(growth="auto", dendrite_init="default")
+def test_auto_switches_kind_when_one_reaches_its_cap():
+    model = _model()
+    ctl = _controller(model, growth="auto", max_neuron_steps=1, max_dendrites=1)
+    opt = ctl.optimizer
+    reasons = []
+    for score in (0.5, 0.6, 0.7):  # every step pays
+        _epoch(model, opt)
+        decision = ctl.step(score)
+        model, opt = decision.model, decision.optimizer
+        reasons.append(decision.reason)
+    assert [r.split(" (")[0] for r in reasons] == [
+        "plateau: added a dendrite set", "plateau: added a neuron step",
+        "reached max_dendrites=1 and max_neuron_steps=1"]
+    assert decision.complete and _structure(model) == ((1, 8), (1, 10), (1, 3))
+
+
+def test_auto_grows_dendrites_only_where_no_layer_can_gain_neurons():
+    torch.manual_seed(0)
+    model = perfora.perforate(nn.Sequential(nn.Linear(6, 3)))
+    ctl = _controller(model, growth="auto", max_neuron_steps=2, max_dendrites=2)
+    assert ctl.config.max_neuron_steps == 0
+    reasons = [ctl.step(score).reason for score in (0.5, 0.6, 0.7)]
+    assert reasons == ["plateau: added a dendrite set", "plateau: added a dendrite set",
+                       "reached max_dendrites=2 and max_neuron_steps=0"]
