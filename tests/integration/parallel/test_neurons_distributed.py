@@ -114,8 +114,10 @@ def grow_neurons_sharded(rank: int, tmp: Path, kind: str) -> dict:
     base = perfora.perforate(nn.Sequential(nn.Linear(6, 4), nn.Tanh(), nn.Linear(4, 3)))
     model = shard_fsdp2(base, mesh=init_device_mesh("cpu", (WORLD,))) if kind == "fsdp2" \
         else wrap_fsdp1(base, device_id=torch.device("cpu"))
-    ctl = perfora.GrowthController(model, growth="neurons", switch_mode="every_epoch",
-                                   max_neuron_steps=2, write_files=False,
+    auto = kind.endswith("auto")
+    ctl = perfora.GrowthController(model, growth="auto" if auto else "neurons",
+                                   switch_mode="every_epoch", max_neuron_steps=2,
+                                   write_files=False, candidate_steps=5,
                                    neuron_init="gradmax" if kind == "fsdp2" else "random")
     ctl.set_optimizer(torch.optim.Adam, lr=0.01)
     opt, _ = ctl.build_optimizer()
@@ -132,7 +134,8 @@ def grow_neurons_sharded(rank: int, tmp: Path, kind: str) -> dict:
         model.eval()
         with torch.no_grad():
             before = model(x_fixed)
-        decision = ctl.step([0.5, 0.4, 0.3][epoch])  # the first model stays the best
+        # neurons: the first model stays the best; auto: two sets, the second one fails
+        decision = ctl.step([0.5, 0.6, 0.55][epoch] if auto else [0.5, 0.4, 0.3][epoch])
         model, opt = decision.model, decision.optimizer
         with torch.no_grad():
             exact.append(bool(torch.equal(model(x_fixed), before)))
@@ -141,14 +144,24 @@ def grow_neurons_sharded(rank: int, tmp: Path, kind: str) -> dict:
                        or type(model).__name__ == "FullyShardedDataParallel")
         shapes.append(list(ctl.backend.full_state(model)["0.base.weight"].shape))
     full = {k: v.tolist() for k, v in ctl.backend.full_state(model).items()}
+    dendrites = ctl.num_dendrites
     return {"reasons": reasons, "exact": exact, "sharded": sharded, "shapes": shapes,
-            "full": full}
+            "full": full, "dendrites": dendrites}
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("kind", ["fsdp2", "fsdp1"])
+@pytest.mark.parametrize("kind", ["fsdp2", "fsdp1", "fsdp1-auto"])
 def test_a_sharded_model_widens_reshards_and_rewinds_narrower(tmp_path, kind):
     r0, r1 = run_in_folder(grow_neurons_sharded, tmp_path, WORLD, kind, join_s=120)
+    assert r0["reasons"] == r1["reasons"] and r0["full"] == r1["full"]
+    assert all(r0["exact"][:2]) and all(r0["sharded"])  # exact, and sharded again
+    if kind == "fsdp1-auto":  # a failed dendrite set undone, neurons grown in its place
+        assert r0["reasons"][:2] == ["plateau: added a dendrite set"] * 2
+        assert r0["reasons"][2] == ("a dendrite set did not beat the best score: undone; "
+                                    "added a neuron step instead (0: +4 random)")
+        assert r0["shapes"] == [[4, 6], [4, 6], [8, 6]]
+        assert r0["dendrites"] == 1
+        return
     init = "gradmax" if kind == "fsdp2" else "random"
     assert r0["reasons"][:2] == [f"plateau: added neuron step 1 (0: +4 {init})",
                                  f"plateau: added neuron step 2 (0: +4 {init})"]
