@@ -121,14 +121,11 @@ def count_structure(state: ControllerState, model: nn.Module) -> None:
 
 
 def probe_counts(probe: ErrorSignalProbe | None, model: nn.Module) -> dict[str, int]:
-    """Per layer, the error-signal rows every rank recorded (the minimum over ranks); none
-    for a layer whose width changed since (a rewind past a widening)."""
+    """Per layer, the error-signal rows every rank recorded (the minimum over ranks)."""
     if probe is None:
         return {}
-    layers = dendritic_layers(model)
-    paths = sorted(layers)
-    counts = torch.tensor([probe.row_count(p) if _rows_fit(probe, p, layers[p]) else 0
-                           for p in paths], dtype=torch.int64)
+    paths = sorted(dendritic_layers(model))
+    counts = torch.tensor([probe.row_count(p) for p in paths], dtype=torch.int64)
     counts = all_reduce_values(counts, "min")
     return {path: int(count) for path, count in zip(paths, counts)}
 
@@ -138,11 +135,15 @@ def plan_layer_growth(config: PerforaConfig, additions: int, probe: ErrorSignalP
                  ) -> GrowthPlan | None:
     """The next set's neurons and weights for one layer, from the recorded error signal.
 
-    A layer without recorded rows on some rank (or of a kind the probe cannot read)
-    grows a full set with random weights, on every rank alike."""
+    A layer without recorded rows on some rank (or of a kind the probe cannot read, or whose
+    width changed since they were recorded: a rewind past a widening) grows a full set with
+    random weights, on every rank alike. ``layer`` holds its full parameters."""
     if probe is None or counts.get(path, 0) < 2:
         return None
     x, e = probe.samples(path)  # type: ignore[misc]
+    if x.shape[-1] != math.prod(layer.source.weight.shape[1:]) \
+            or e.shape[-1] != layer.num_neurons:
+        return None
     seed = zlib.crc32(f"{config.seed}:{additions}:{index}:{path}:pool".encode())
     return plan_growth(
         layer, x, e, generator=torch.Generator().manual_seed(seed),
@@ -177,12 +178,3 @@ def match_structure(model: nn.Module, backend: ParallelBackend, state: Controlle
     count_structure(state, model)
     return model
 
-
-def _rows_fit(probe: ErrorSignalProbe, path: str, layer: Any) -> bool:
-    """True when the rows recorded for ``layer`` have its current input and output widths."""
-    rows = probe.samples(path)
-    if rows is None:
-        return False
-    x, e = rows
-    features = math.prod(layer.source.weight.shape[1:])
-    return x.shape[-1] == features and e.shape[-1] == layer.num_neurons
