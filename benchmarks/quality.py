@@ -69,36 +69,40 @@ from perfora import ConfigError, GrowthController, PerforaConfig, perforate
 ARMS: dict[str, dict[str, Any]] = {
     # perfora 0.1's default and rule (PerforatedAI's growth: every neuron, random init, a
     # failed set discarded and retried)
-    "gd": {"rule": "gd", "dendrite_init": "default", "grow_fraction": 1.0,
-           "retain_all_dendrites": False},
-    "correlation": {"rule": "correlation", "dendrite_init": "default", "grow_fraction": 1.0,
-                    "retain_all_dendrites": False},
+    "gd": {"growth": "dendrites", "rule": "gd", "dendrite_init": "default",
+           "grow_fraction": 1.0, "retain_all_dendrites": False},
+    "correlation": {"growth": "dendrites", "rule": "correlation", "dendrite_init": "default",
+                    "grow_fraction": 1.0, "retain_all_dendrites": False},
     # the variants tried for "growth that spends parameters where they pay"
-    "error_init": {"dendrite_init": "error", "grow_fraction": 1.0,
+    "error_init": {"growth": "dendrites", "dendrite_init": "error", "grow_fraction": 1.0,
                    "retain_all_dendrites": False},
-    "selective": {"dendrite_init": "error", "grow_fraction": 0.5,
+    "selective": {"growth": "dendrites", "dendrite_init": "error", "grow_fraction": 0.5,
                   "retain_all_dendrites": False},
-    "selective_random": {"dendrite_init": "default", "grow_fraction": 0.5,
-                         "retain_all_dendrites": False},
-    "selective_retain": {"dendrite_init": "error", "grow_fraction": 0.5,
+    "selective_random": {"growth": "dendrites", "dendrite_init": "default",
+                         "grow_fraction": 0.5, "retain_all_dendrites": False},
+    "selective_retain": {"growth": "dendrites", "dendrite_init": "error", "grow_fraction": 0.5,
                          "retain_all_dendrites": True},
-    "relu_error_retain": {"dendrite_init": "error", "grow_fraction": 1.0,
-                          "retain_all_dendrites": True, "activation": "relu"},
-    "output_layer_only": {"dendrite_init": "error", "output_only": True},
+    "relu_error_retain": {"growth": "dendrites", "dendrite_init": "error",
+                          "grow_fraction": 1.0, "retain_all_dendrites": True,
+                          "activation": "relu"},
+    "output_layer_only": {"growth": "dendrites", "dendrite_init": "error",
+                          "output_only": True},
     # "grow until the training set is learned" (two spirals): the controller sees the
     # training accuracy (or loss) and stops growing at the target
-    "learn_train_acc": {"score": "train_accuracy", "maximize": True, "max_dendrites": 20,
-                        "target_score": 1.0, "tasks": ["spirals"]},
-    "learn_train_loss": {"score": "train_loss", "max_dendrites": 20, "target_score": 0.01,
-                         "tasks": ["spirals"]},
+    "learn_train_acc": {"growth": "dendrites", "score": "train_accuracy", "maximize": True,
+                        "max_dendrites": 20, "target_score": 1.0, "tasks": ["spirals"]},
+    "learn_train_loss": {"growth": "dendrites", "score": "train_loss", "max_dendrites": 20,
+                         "target_score": 0.01, "tasks": ["spirals"]},
     # neurons instead of dendrites: each growth step adds the start width to every layer
     # that can widen (neurons_per_step 1.0), new rows GradMax-initialized or random
     "neurons_gradmax": {"growth": "neurons", "neuron_init": "gradmax"},
     "neurons_random": {"growth": "neurons", "neuron_init": "random"},
-    # perfora's own choice between dendrites and neurons
+    # dendrites alone: perfora's default until growth='auto' measured better
+    "dendrites": {"growth": "dendrites"},
+    # perfora's own choice between dendrites and neurons, by the validation score
     "auto": {"growth": "auto"},
-    # PerforaConfig's defaults, what perforate() + GrowthController give (today: dendrites,
-    # dendrite_init "error", grow_fraction 1.0, retain_all_dendrites True)
+    # PerforaConfig's defaults, what perforate() + GrowthController give (today: growth
+    # 'auto', dendrite_init "error", grow_fraction 1.0, retain_all_dendrites True)
     "default": {},
 }
 """Grown arms: name -> PerforaConfig overrides, applied on top of the harness settings.

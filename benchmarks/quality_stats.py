@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-TARGET_ARMS: tuple[str, ...] = ("default", "auto", "neurons_gradmax", "neurons_random",
-                                "learn_train_acc", "learn_train_loss")
+TARGET_ARMS: tuple[str, ...] = ("default", "auto", "dendrites", "neurons_gradmax",
+                                "neurons_random", "learn_train_acc", "learn_train_loss")
 """Arms the targets table and the width search judge (those that ran)."""
 
 BUDGET_ARM = "default"

@@ -292,14 +292,16 @@ def table_demo() -> str:
     out = []
     for seed, run in sorted(result["seeds"].items(), key=lambda item: int(item[0])):
         arms = {arm["name"]: arm for arm in run["arms"]}
-        base, dend, wide = arms["baseline"], arms["dendrites"], arms["wider"]
-        gap = 100 * (dend["test_accuracy"] - wide["test_accuracy"])
+        base, grown, wide = arms["baseline"], arms["grown"], arms["wider"]
+        gap = 100 * (grown["test_accuracy"] - wide["test_accuracy"])
         out.append([seed, f"{base['params']}, {base['test_accuracy']:.4f}",
-                    f"{dend['params']}, {dend['dendrites']}, {dend['test_accuracy']:.4f}",
+                    f"{grown['params']}, {grown['dendrites']}, {grown['hidden_width']}, "
+                    f"{grown['test_accuracy']:.4f}",
                     f"{run['wider_hidden']}, {wide['params']}, {wide['test_accuracy']:.4f}",
                     f"{gap:+.1f} points"])
-    return _rows(["seed", "baseline (params, test acc)", "dendrites (params, sets, test acc)",
-                  "wider (hidden, params, test acc)", "dendrites vs wider"], out)
+    return _rows(["seed", "baseline (params, test acc)",
+                  "grown (params, sets, hidden width, test acc)",
+                  "wider (hidden, params, test acc)", "grown vs wider"], out)
 
 
 # ------------------------------------------------------------------------ per-epoch cost

@@ -44,22 +44,26 @@ class PerforaConfig:
     fixed_switch_num: int = 10
     """Epochs per cycle in 'fixed' mode."""
     max_dendrites: int = 5
-    """Cap on dendrite sets per layer; 0 means no dendrites (early-stopping baseline)."""
+    """Cap on dendrite sets per layer; 0 means no growth at all with 'dendrites' and 'auto'
+    (the early-stopping baseline)."""
     max_dendrite_tries: int = 2
     """Attempts (fresh random weights) for a dendrite set that fails to beat the best score;
     2 means one retry."""
-    growth: str = "dendrites"
+    growth: str = "auto"
     """What a growth step adds: 'dendrites' (a dendrite set on every wrapped layer, up to
     ``max_dendrites``) or 'neurons' (every wrapped layer whose outputs perfora can follow to
     their readers gains ``neurons_per_step`` of its starting width in new neurons, up to
     ``max_neuron_steps`` times; the readers gain zero input columns, so the output is
-    unchanged) or 'auto' (both kinds, chosen by the validation score: steps of one kind,
-    dendrites first, while they beat the best score; a step that does not is undone and the
-    other kind tried instead; growth ends when both fail in a row or both caps are reached:
-    ``max_dendrites`` sets, ``max_neuron_steps`` neuron steps). Neuron growth runs in one
-    process, under DataParallel, DDP, FSDP2 and FSDP1 (the whole model gathered for the step;
-    FSDP1: random init only) and DeepSpeed ZeRO 0-2; ZeRO-3 refuses it. See
-    docs/neurons.md."""
+    unchanged) or 'auto', the default (both kinds, chosen by the validation score: steps of
+    one kind, dendrites first, while they beat the best score; a step that does not is undone
+    and the other kind tried instead; growth ends when both fail in a row or both caps are
+    reached: ``max_dendrites`` sets, ``max_neuron_steps`` neuron steps). 'auto' is the default
+    because it measured best in ``benchmarks/quality.py``. Neuron growth runs in one process,
+    under DataParallel, DDP, FSDP2 and FSDP1 (the whole model gathered for the step; FSDP1:
+    random init only) and DeepSpeed ZeRO 0-2. Where neurons cannot grow (no wrapped layer
+    whose readers perfora finds, ``rule='correlation'``, DeepSpeed ZeRO-3), 'auto' grows
+    dendrites only and 'neurons' is refused. The compatibility shell keeps 'dendrites'
+    (PerforatedAI's growth). See docs/neurons.md."""
     neuron_init: str = "random"
     """Incoming weights of new neurons: 'random' (the layer's own initialisation) or
     'gradmax' (the directions that give their zero outgoing weights the largest gradient,
@@ -193,7 +197,7 @@ class PerforaConfig:
                               f"started with), got {step!r}")
         self.neurons_per_step = float(step)
         _check_int(self, "max_neuron_steps", minimum=0)
-        if self.growth != "dendrites" and self.rule != "gd":
+        if self.growth == "neurons" and self.rule != "gd":
             raise ConfigError(f"growth={self.growth!r} trains new neurons by backprop: it "
                               f"needs rule='gd', got rule={self.rule!r}")
         target = self.target_score
@@ -268,9 +272,10 @@ class PerforaConfig:
 
     def growth_cap(self) -> int:
         """Growth steps allowed of the configured kind (0: plain early stopping); with
-        'auto', of both kinds together."""
-        return {"dendrites": self.max_dendrites, "neurons": self.max_neuron_steps}.get(
-            self.growth, self.max_dendrites + self.max_neuron_steps)
+        'auto', of both kinds together, or none with ``max_dendrites=0`` (the baseline)."""
+        if self.growth == "auto":
+            return self.max_dendrites + self.max_neuron_steps if self.max_dendrites else 0
+        return self.max_neuron_steps if self.growth == "neurons" else self.max_dendrites
 
     def threshold_for(self, num_dendrites: int) -> float:
         """The relative improvement margin in force with ``num_dendrites`` sets."""

@@ -92,13 +92,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="perfora", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser(
-        "demo", help="train a narrow MLP on digits: baseline, dendrites, and a plain network "
+        "demo", help="train a narrow MLP on digits: baseline, grown, and a plain network "
                      "of the grown size",
         description="Train a narrow MLP (64 -> H -> 10) on scikit-learn's digits (fixed "
                     "60/20/20 split) three ways with the same patience: the baseline (early "
-                    "stopping), the same network grown with dendrites (perfora's defaults), "
-                    "and a plain network widened to the grown size. Prints a table and the "
-                    "verdict 'dendrites vs a plain network of the same size', and writes each "
+                    "stopping), the same network grown with perfora's defaults (dendrites and "
+                    "neurons, as the validation score chooses), and a plain network widened "
+                    "to the grown size. Prints a table and the verdict 'grown vs a plain "
+                    "network of the same size', and writes each "
                     "arm's run files under --out. Needs scikit-learn: "
                     "pip install \"perfora[demo]\".")
     demo.add_argument("--seed", type=_at_least(0), default=0, metavar="N",

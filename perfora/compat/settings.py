@@ -283,6 +283,7 @@ class PAISettings:
             # dendrite with random weights
             "dendrite_init": "default",
             "grow_fraction": 1.0,
+            "growth": "dendrites",
         }
         if mode == DOING_NO_SWITCH:
             settings["n_epochs_to_switch"] = NEVER_COMPLETES

@@ -268,7 +268,8 @@ class GrowthController(OptimizerMethods, CheckpointMethods):
         added = self._grow() if verdict.grow else ""
         if verdict.action == Action.COMPLETE:
             self._sync_structure()  # the rewind may have replaced parameters: fresh wrapper
-        reason = verdict.describe(self.state.num_dendrites) + (f" ({added})" if added else "")
+        reason = verdict.describe(self.state.num_dendrites, self.state.num_widenings) + (
+            f" ({added})" if added else "")
         if verdict.action == Action.CONTINUE:
             self._slot.step_scheduler(value, self.config.maximize)
         else:

@@ -62,6 +62,9 @@ def check_neuron_growth(model: nn.Module, backend: ParallelBackend, config: Perf
     where the backend cannot run it, saying why (before training starts). True when some
     layer can gain neurons (False: 'auto' grows dendrites only)."""
     growth = config.growth
+    if growth == "auto" and (config.rule != "gd" or (backend.owns_optimizer
+                                                     and backend.sharded)):
+        return False  # new neurons train by backprop; ZeRO-3 cannot re-partition a widening
     if backend.owns_optimizer and backend.sharded:
         raise ParallelError(
             f"growth={growth!r} is not supported under DeepSpeed ZeRO-3: widening resizes a "

@@ -15,6 +15,7 @@ from ..config import PerforaConfig
 from .state import COMPLETE, CONTINUE, RESTRUCTURE, Action, ControllerState
 
 NEW_SET = "{dendrites}"  # in a reason: the dendrite count after the growth it announces
+NEW_STEP = "{neuron_steps}"  # ... and the neuron step count
 
 
 @dataclass(frozen=True)
@@ -29,9 +30,11 @@ class Verdict:
     rewind: bool = False  # restore the best snapshot first
     grow: bool = False  # then add a dendrite set
 
-    def describe(self, num_dendrites: int) -> str:
-        """The reason, naming the dendrite count the verdict's growth reached."""
-        return self.reason.replace(NEW_SET, str(num_dendrites))
+    def describe(self, num_dendrites: int, num_widenings: int = 0) -> str:
+        """The reason, naming the dendrite (and neuron step) count the verdict's growth
+        reached."""
+        return self.reason.replace(NEW_SET, str(num_dendrites)).replace(
+            NEW_STEP, str(num_widenings))
 
 
 def beats(config: PerforaConfig, num_dendrites: int, new: float, old: float | None) -> bool:
@@ -136,7 +139,15 @@ def _decide(st: ControllerState, config: PerforaConfig, running: float,
 
 
 _OTHER = {"dendrites": "neurons", "neurons": "dendrites"}
-_STEP_NAME = {"dendrites": "a dendrite set", "neurons": "a neuron step"}
+_STEP_NAME = {"dendrites": "dendrite set", "neurons": "neuron step"}
+
+
+def _named(st: ControllerState, kind: str, new: bool = False) -> str:
+    """e.g. 'dendrite set 2' (the model's newest), or 'neuron step {neuron_steps}' (the one
+    about to be added, numbered once it is)."""
+    if new:
+        return f"{_STEP_NAME[kind]} {NEW_SET if kind == 'dendrites' else NEW_STEP}"
+    return f"{_STEP_NAME[kind]} {st.num_dendrites if kind == 'dendrites' else st.num_widenings}"
 
 
 def _room(st: ControllerState, config: PerforaConfig, kind: str) -> bool:
@@ -154,13 +165,14 @@ def _decide_auto(st: ControllerState, config: PerforaConfig,
     kind, other = st.auto_kind, _OTHER[st.auto_kind]
     if st.num_steps > 0 and not st.cycle_set_global_best:
         if st.auto_failed or not _room(st, config, other):
-            also = f", nor did {_STEP_NAME[other]} before it" if st.auto_failed else ""
-            return complete(f"{_STEP_NAME[kind]} did not beat the best score{also}: growth "
+            also = f", nor did the {_STEP_NAME[other]} before it" if st.auto_failed else ""
+            return complete(f"{_named(st, kind)} did not beat the best score{also}: growth "
                             "stops here")
+        failed = _named(st, kind)
         st.auto_kind, st.auto_failed = other, True
         st.tries = 0
-        return verdict(RESTRUCTURE, f"{_STEP_NAME[kind]} did not beat the best score: "
-                                    f"undone; added {_STEP_NAME[other]} instead",
+        return verdict(RESTRUCTURE, f"{failed} did not beat the best score: undone; added "
+                                    f"{_named(st, other, new=True)} instead",
                        rewind=True, grow=True)
     if st.num_steps > 0:
         st.auto_failed = False  # the last step paid
@@ -169,5 +181,5 @@ def _decide_auto(st: ControllerState, config: PerforaConfig,
             return complete(f"reached max_dendrites={config.max_dendrites} and "
                             f"max_neuron_steps={config.max_neuron_steps}")
         kind = st.auto_kind = other
-    return verdict(RESTRUCTURE, f"plateau: added {_STEP_NAME[kind]}",
+    return verdict(RESTRUCTURE, f"plateau: added {_named(st, kind, new=True)}",
                    rewind=not config.retain_all_dendrites, grow=True)

@@ -33,7 +33,7 @@ def test_demo_json_reports_three_arms_and_writes_run_files(tmp_path: Path) -> No
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
     arms = {a["name"]: a for a in result["arms"]}
-    assert set(arms) == {"baseline", "dendrites", "wider"}
+    assert set(arms) == {"baseline", "grown", "wider"}
     for arm in arms.values():
         assert isinstance(arm["params"], int) and arm["params"] > 0
         assert isinstance(arm["epochs"], int) and arm["epochs"] > 0
@@ -44,20 +44,25 @@ def test_demo_json_reports_three_arms_and_writes_run_files(tmp_path: Path) -> No
             assert (out / arm["name"] / name).is_file(), name
         rows = (out / arm["name"] / "metrics.csv").read_text().strip().splitlines()
         assert len(rows) == arm["epochs"] + 1  # header + one row per epoch
-    assert arms["baseline"]["dendrites"] == 0
-    base, dend = arms["baseline"], arms["dendrites"]
-    # The dendrite arm trains at least as long as the baseline (same patience, same seed:
-    # its first cycle is the baseline run) and its size matches its dendrite count.
-    assert dend["epochs"] >= base["epochs"]
-    if dend["dendrites"] > 0:
-        assert dend["params"] > base["params"]
-        assert list((out / "dendrites").glob("switch_*.safetensors"))
-    else:
-        assert dend["params"] == base["params"]
+    base, grown = arms["baseline"], arms["grown"]
+    assert base["dendrites"] == base["neuron_steps"] == 0
+    assert base["hidden_width"] == result["hidden"]
+    # The grown arm trains at least as long as the baseline (same patience, same seed: its
+    # first cycle is the baseline run), and its size is what it grew: each neuron step widens
+    # the hidden layer by its starting width; each dendrite set adds a copy of both layers
+    assert grown["epochs"] >= base["epochs"]
+    hidden = result["hidden"] * (1 + grown["neuron_steps"])
+    assert grown["hidden_width"] == hidden
+    plain = 64 * hidden + hidden + hidden * 10 + 10
+    sets = grown["dendrites"] * (64 * hidden + hidden + hidden + hidden * 10 + 10 + 10)
+    assert grown["params"] == plain + sets
+    if grown["dendrites"] or grown["neuron_steps"]:
+        assert list((out / "grown").glob("switch_*.safetensors"))
     # the third arm is the plain network whose size is closest to the grown one
     wide = arms["wider"]
-    assert wide["dendrites"] == 0 and result["wider_hidden"] >= result["hidden"]
-    assert abs(wide["params"] - dend["params"]) <= (64 + 1 + 10) // 2
+    assert wide["dendrites"] == wide["neuron_steps"] == 0
+    assert wide["hidden_width"] == result["wider_hidden"] >= result["hidden"]
+    assert abs(wide["params"] - grown["params"]) <= (64 + 1 + 10) // 2
 
 
 def _usage_error(args: list[str], capsys: pytest.CaptureFixture) -> str:

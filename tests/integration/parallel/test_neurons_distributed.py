@@ -96,9 +96,10 @@ def test_neuron_growth_keeps_ranks_identical_with_rank_specific_data(tmp_path):
 def test_auto_growth_chooses_alike_on_every_rank(tmp_path):
     r0, r1 = run_in_folder(grow_neurons_on_rank_data, tmp_path, WORLD, "auto", join_s=120)
     assert r0["reasons"] == r1["reasons"]  # the same choice, from the averaged score
-    assert r0["reasons"][:2] == ["plateau: added a dendrite set"] * 2
-    assert r0["reasons"][2].startswith("a dendrite set did not beat the best score: undone; "
-                                       "added a neuron step instead (0: +4 gradmax")
+    assert r0["reasons"][:2] == ["plateau: added dendrite set 1",
+                                 "plateau: added dendrite set 2"]
+    assert r0["reasons"][2].startswith("dendrite set 2 did not beat the best score: undone; "
+                                       "added neuron step 1 instead (0: +4 gradmax")
     assert r0["dendrites"] == r1["dendrites"] == {"0": 1, "2": 1}  # the failed set undone
     assert r0["width"] == r1["width"] == 8 and r0["new_rows"] == r1["new_rows"]
     assert set(r0["diffs"]) == set(r1["diffs"]) == {0.0}
@@ -156,9 +157,10 @@ def test_a_sharded_model_widens_reshards_and_rewinds_narrower(tmp_path, kind):
     assert r0["reasons"] == r1["reasons"] and r0["full"] == r1["full"]
     assert all(r0["exact"][:2]) and all(r0["sharded"])  # exact, and sharded again
     if kind == "fsdp1-auto":  # a failed dendrite set undone, neurons grown in its place
-        assert r0["reasons"][:2] == ["plateau: added a dendrite set"] * 2
-        assert r0["reasons"][2] == ("a dendrite set did not beat the best score: undone; "
-                                    "added a neuron step instead (0: +4 random)")
+        assert r0["reasons"][:2] == ["plateau: added dendrite set 1",
+                                     "plateau: added dendrite set 2"]
+        assert r0["reasons"][2] == ("dendrite set 2 did not beat the best score: undone; "
+                                    "added neuron step 1 instead (0: +4 random)")
         assert r0["shapes"] == [[4, 6], [4, 6], [8, 6]]
         assert r0["dendrites"] == 1
         return

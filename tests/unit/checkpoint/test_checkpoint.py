@@ -73,7 +73,7 @@ def train_epoch(model: nn.Module, opt: torch.optim.Optimizer, epoch: int) -> flo
 
 def make_controller(model: nn.Module, run_dir: Path, **settings) -> GrowthController:
     base = {"maximize": False, "switch_mode": "fixed", "fixed_switch_num": 3,
-            "max_dendrites": 5}
+            "max_dendrites": 5, "growth": "dendrites"}
     base.update(settings)
     ctl = GrowthController(model, run_dir=run_dir, **base)
     ctl.set_optimizer(torch.optim.Adam, lr=0.02)
@@ -527,7 +527,8 @@ def test_a_completed_run_that_rewound_to_no_dendrites_saves_a_loadable_checkpoin
     torch.manual_seed(0)
     model = perfora.perforate(nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2)))
     ctl = perfora.GrowthController(model, switch_mode="every_epoch", max_dendrites=3,
-                                   retain_all_dendrites=False, run_dir=tmp_path / "a")
+                                   retain_all_dendrites=False, run_dir=tmp_path / "a",
+                                   growth="dendrites")
     ctl.set_optimizer(torch.optim.Adam, lr=0.01)
     opt, _ = ctl.build_optimizer()
     for score in [0.9, 0.8, 0.7, 0.6, 0.5, 0.4]:

@@ -25,6 +25,7 @@ pytestmark = pytest.mark.xdist_group("test_run_files")
 IN, HIDDEN, OUT = 8, 16, 3
 BATCH = 32
 SETTINGS = {"maximize": False, "switch_mode": "fixed", "fixed_switch_num": 3,
+            "growth": "dendrites",
             "max_dendrites": 1, "max_dendrite_tries": 1,
             # with dendrites no score can beat the best, so the best epoch is the
             # restructure epoch 3 and completion at epoch 6 rewinds to it

@@ -39,6 +39,7 @@ def controller(seed: int = 0, **settings) -> GrowthController:
     and retried unless a test asks to retain them (the default retains: see
     test_defaults_retain_sets_and_grow_from_the_error_signal)."""
     settings.setdefault("retain_all_dendrites", False)
+    settings.setdefault("growth", "dendrites")
     return GrowthController(make_model(seed), **settings)
 
 

@@ -235,14 +235,15 @@ def test_auto_keeps_the_kind_that_pays_and_undoes_the_one_that_does_not():
         model, opt = decision.model, decision.optimizer
         reasons.append(decision.reason)
         shapes.append(_structure(model))
-    assert reasons[0] == reasons[1] == "plateau: added a dendrite set"
-    assert reasons[2] == ("a dendrite set did not beat the best score: undone; added a "
-                          "neuron step instead (0: +4 random, 2: +5 random)")
-    assert reasons[3] == "plateau: added a neuron step (0: +4 random, 2: +5 random)"
-    assert reasons[4] == ("a neuron step did not beat the best score: undone; added a "
-                          "dendrite set instead")
-    assert decision.complete and reasons[5].startswith(
-        "a dendrite set did not beat the best score, nor did a neuron step before it")
+    assert reasons[:2] == ["plateau: added dendrite set 1", "plateau: added dendrite set 2"]
+    assert reasons[2] == ("dendrite set 2 did not beat the best score: undone; added neuron "
+                          "step 1 instead (0: +4 random, 2: +5 random)")
+    assert reasons[3] == "plateau: added neuron step 2 (0: +4 random, 2: +5 random)"
+    assert reasons[4] == ("neuron step 2 did not beat the best score: undone; added "
+                          "dendrite set 2 instead")
+    assert decision.complete and reasons[5] == (
+        "dendrite set 2 did not beat the best score, nor did the neuron step before it: "
+        "growth stops here")
     assert shapes[0] == ((1, 4), (1, 5), (1, 3))
     assert shapes[1] == ((2, 4), (2, 5), (2, 3))
     # the failed 2nd set is undone; the hidden layers gain neurons (the last feeds no layer)
@@ -264,7 +265,7 @@ def test_auto_switches_kind_when_one_reaches_its_cap():
         model, opt = decision.model, decision.optimizer
         reasons.append(decision.reason)
     assert [r.split(" (")[0] for r in reasons] == [
-        "plateau: added a dendrite set", "plateau: added a neuron step",
+        "plateau: added dendrite set 1", "plateau: added neuron step 1",
         "reached max_dendrites=1 and max_neuron_steps=1"]
     assert decision.complete and _structure(model) == ((1, 8), (1, 10), (1, 3))
 
@@ -275,5 +276,11 @@ def test_auto_grows_dendrites_only_where_no_layer_can_gain_neurons():
     ctl = _controller(model, growth="auto", max_neuron_steps=2, max_dendrites=2)
     assert ctl.config.max_neuron_steps == 0
     reasons = [ctl.step(score).reason for score in (0.5, 0.6, 0.7)]
-    assert reasons == ["plateau: added a dendrite set", "plateau: added a dendrite set",
+    assert reasons == ["plateau: added dendrite set 1", "plateau: added dendrite set 2",
                        "reached max_dendrites=2 and max_neuron_steps=0"]
+
+
+def test_max_dendrites_zero_keeps_auto_the_early_stopping_baseline():
+    ctl = _controller(_model(), growth="auto", max_dendrites=0, max_neuron_steps=3)
+    decision = ctl.step(0.5)
+    assert decision.complete and "early stopping" in decision.reason

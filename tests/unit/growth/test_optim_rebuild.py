@@ -30,6 +30,7 @@ def make_model(seed: int = 0) -> nn.Module:
 
 def controller(**settings) -> GrowthController:
     settings.setdefault("n_epochs_to_switch", 2)
+    settings.setdefault("growth", "dendrites")
     return GrowthController(make_model(), **settings)
 
 
@@ -232,7 +233,7 @@ def test_params_key_in_optimizer_kwargs_is_ignored():
 
 def test_params_generator_as_in_perforatedai_style():
     model = make_model()
-    ctl = GrowthController(model, n_epochs_to_switch=2)
+    ctl = GrowthController(model, n_epochs_to_switch=2, growth="dendrites")
     optim_args = {"params": model.parameters(), "lr": 0.02, "weight_decay": 0.0}
     ctl.set_optimizer(torch.optim.SGD, **optim_args)
     opt, _ = ctl.build_optimizer()
@@ -246,7 +247,7 @@ def test_frozen_parameters_stay_out_of_the_rebuilt_optimizer():
     model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
     perforate(model, paths=["0"])
     model[2].weight.requires_grad_(False)
-    ctl = GrowthController(model, n_epochs_to_switch=2)
+    ctl = GrowthController(model, n_epochs_to_switch=2, growth="dendrites")
     ctl.set_optimizer(torch.optim.Adam, lr=1e-3)
     opt, _ = ctl.build_optimizer()
     assert id(model[2].weight) not in opt_param_ids(opt)
@@ -290,6 +291,7 @@ def test_short_training_run_grows_and_trains_new_dendrites():
     yv = torch.sin(2 * xv[:, :1]) + xv[:, 1:2] * xv[:, 2:3]
     model = perforate(nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 1)))
     ctl = GrowthController(model, maximize=False, switch_mode="fixed", fixed_switch_num=2,
+                           growth="dendrites",
                            max_dendrites=2, max_dendrite_tries=3)
     ctl.set_optimizer(torch.optim.Adam, lr=3e-2)
     opt, _ = ctl.build_optimizer()

@@ -256,6 +256,7 @@ def run(steps: int, run_dir=None, resume: bool = False, **settings):
     """A tiny run whose score never improves: growth steps at epochs 3, 6 and 9."""
     torch.manual_seed(0)
     model = perfora.perforate(nn.Sequential(nn.Linear(5, 8), nn.Tanh(), nn.Linear(8, 2)))
+    settings.setdefault("growth", "dendrites")
     ctl = GrowthController(model, n_epochs_to_switch=2, max_dendrites=3, seed=1,
                            run_dir=run_dir, **settings)  # default: failed sets are kept
     ctl.set_optimizer(torch.optim.Adam, lr=0.01)
@@ -322,11 +323,21 @@ def test_bad_growth_settings_raise_config_error(settings, match):
 
 def test_defaults_retain_sets_and_grow_from_the_error_signal():
     cfg = PerforaConfig()
-    assert (cfg.dendrite_init, cfg.retain_all_dendrites, cfg.grow_fraction) == \
-        ("error", True, 1.0)
-    # a failed set (no improvement) is kept and the next one grows on top of it
+    assert (cfg.growth, cfg.dendrite_init, cfg.retain_all_dendrites, cfg.grow_fraction) == \
+        ("auto", "error", True, 1.0)
+    # growth='dendrites': a failed set (no improvement) is kept and the next one grows on it
     _, ctl = run(6)
     assert ctl.num_dendrites == 2 and ctl.state.switch_epochs == [3, 6]
+    # the default (auto): a failed set is undone and neurons are grown instead
+    torch.manual_seed(0)
+    model = perfora.perforate(nn.Sequential(nn.Linear(5, 8), nn.Tanh(), nn.Linear(8, 2)))
+    ctl = GrowthController(model, n_epochs_to_switch=2, write_files=False)
+    reasons = [ctl.step(0.5).reason for _ in range(6)]
+    assert [r for r in reasons if r != "training"] == [
+        "plateau: added dendrite set 1",
+        "dendrite set 1 did not beat the best score: undone; added neuron step 1 instead "
+        "(0: +8 random)"]
+    assert ctl.num_dendrites == 0 and perfora.unwrap_model(ctl.model)[0].num_neurons == 16
 
 
 def test_activation_setting_reaches_the_layers():

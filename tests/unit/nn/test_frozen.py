@@ -54,6 +54,7 @@ def test_frozen_backbone_stays_frozen_and_its_dendrites_train(rule, tmp_path):
     report = str(perfora.describe(model))
     assert "0  Linear  neurons=8 axis=-1 dendrites=0  base frozen" in report
     ctl = perfora.GrowthController(model, rule=rule, seed=0, dendrite_init="default",
+                                   growth="dendrites",
                                    n_epochs_to_switch=2, max_dendrites=2,
                                    run_dir=tmp_path, checkpoint_time_budget=None)
     ctl.set_optimizer(torch.optim.Adam, lr=1e-2)

@@ -49,6 +49,7 @@ def _trainer(zoo: ZooModel, out: Path) -> tuple[Trainer, DendriteGrowthCallback]
     growth = DendriteGrowthCallback(
         monitor="eval_loss", max_dendrites=2, switch_mode="fixed", fixed_switch_num=1,
         dendrite_init="default", write_files=False, restore_best_at_end=False, seed=0,
+        growth="dendrites",
         perforate_kwargs=zoo.perforate_kwargs).bind(trainer)
     return trainer, growth
 
