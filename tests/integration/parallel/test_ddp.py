@@ -79,7 +79,7 @@ def grow_and_train(rank: int, tmp: Path, rewrap: bool, use_helper: bool) -> dict
     watched = ddp if rewrap else model
     first = ddp
     ctl = perfora.GrowthController(watched, switch_mode="every_epoch", max_dendrites=3,
-                                   retain_all_dendrites=True, seed=rank)
+                                   retain_all_dendrites=True, seed=rank, growth="dendrites")
     ctl.set_optimizer(torch.optim.SGD, lr=0.1)
     opt, _ = ctl.build_optimizer()
     diffs, kinds, wrappers = [], [], []
@@ -218,7 +218,8 @@ def selective_growth_on_rank_data(rank: int, tmp: Path) -> dict:
     ddp = DDP(model)
     ctl = perfora.GrowthController(ddp, switch_mode="every_epoch", max_dendrites=2,
                                    retain_all_dendrites=True, grow_fraction=0.5,
-                                   dendrite_init="error", candidate_steps=20)
+                                   dendrite_init="error", candidate_steps=20,
+                                   growth="dendrites")
     ctl.set_optimizer(torch.optim.Adam, lr=0.01)
     opt, _ = ctl.build_optimizer()
     gen = torch.Generator().manual_seed(rank)

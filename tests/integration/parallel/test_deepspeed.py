@@ -43,7 +43,7 @@ def probe() -> torch.Tensor:
 
 def settings() -> dict:
     return {"n_epochs_to_switch": 2, "max_dendrites": 2, "dendrite_init": "default",
-            "write_files": False}
+            "write_files": False, "growth": "dendrites"}
 
 
 # the score sequence: best at epoch 2 (no dendrites yet), growth at the plateau, best again

@@ -24,7 +24,7 @@ def grow_and_train(rank: int, tmp: Path, kind: str) -> dict:
     model = wrap_fsdp1(base, device_id=CPU) if kind == "fsdp1" else wrap_ddp(base)
     ctl = perfora.GrowthController(model, switch_mode="fixed", fixed_switch_num=1,
                                    max_dendrites=3, retain_all_dendrites=True,
-                                   run_dir=tmp / kind)
+                                   run_dir=tmp / kind, growth="dendrites")
     ctl.set_optimizer(torch.optim.Adam, lr=0.01)
     opt, _ = ctl.build_optimizer()
     states, kinds = [], []

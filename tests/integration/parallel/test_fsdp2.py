@@ -53,7 +53,7 @@ def grow_under_fsdp2(rank: int, tmp: Path, settings: dict) -> dict:
                      for k, v in reference.state_dict().items())
     ctl = perfora.GrowthController(model, switch_mode="every_epoch", max_dendrites=3,
                                    retain_all_dendrites=True, seed=rank, write_files=False,
-                                   **settings)
+                                   growth="dendrites", **settings)
     ctl.set_optimizer(torch.optim.SGD, lr=0.1)
     opt, _ = ctl.build_optimizer()
     out_change, all_dtensor, kwargs_kept, new_models = [], [], [], []
@@ -161,7 +161,8 @@ def rewind_under_fsdp2(rank: int, tmp: Path) -> dict:
     model = shard_fsdp2(make_model(seed=9), mesh=mesh)
     ctl = perfora.GrowthController(model, maximize=True, switch_mode="fixed",
                                    fixed_switch_num=1, max_dendrite_tries=1, max_dendrites=2,
-                                   retain_all_dendrites=False, run_dir=tmp / "run")
+                                   retain_all_dendrites=False, run_dir=tmp / "run",
+                                   growth="dendrites")
     ctl.set_optimizer(torch.optim.SGD, lr=0.1)
     opt, _ = ctl.build_optimizer()
     actions, best = [], torch.zeros(0)

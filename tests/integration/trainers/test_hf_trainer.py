@@ -44,7 +44,8 @@ PROBE = Blobs(32, 9).x
 
 def _growth() -> DendriteGrowthCallback:
     return DendriteGrowthCallback(monitor="eval_accuracy", patience=2, max_dendrites=2, seed=0,
-                                  dendrite_init="default", write_files=False)
+                                  dendrite_init="default", write_files=False,
+                                  growth="dendrites")
 
 
 class Probe(TrainerCallback):

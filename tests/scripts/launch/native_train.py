@@ -65,7 +65,7 @@ model = perfora.perforate(nn.Sequential(nn.Linear(8, 12), nn.Tanh(), nn.Linear(1
 run_dir = args.pai_load_folder or args.save_name
 controller = perfora.GrowthController(
     model, maximize=False, switch_mode="fixed", fixed_switch_num=args.epochs_per_switch,
-    max_dendrites=args.max_dendrites, retain_all_dendrites=True,
+    max_dendrites=args.max_dendrites, retain_all_dendrites=True, growth="dendrites",
     checkpoint_time_budget=None, run_dir=run_dir)
 controller.set_optimizer(torch.optim.Adam, lr=1e-2)
 

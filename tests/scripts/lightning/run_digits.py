@@ -139,7 +139,7 @@ def main() -> None:
     ap.add_argument("--retain", action="store_true")
     ap.add_argument("--grow-fraction", type=float, default=None)
     ap.add_argument("--dendrite-init", default=None)
-    ap.add_argument("--growth", default=None, help="dendrites, neurons or auto")
+    ap.add_argument("--growth", default="dendrites", help="dendrites, neurons or auto")
     args = ap.parse_args()
     torch.set_num_threads(1)
     out = Path(args.out)

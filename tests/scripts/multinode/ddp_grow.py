@@ -35,7 +35,7 @@ def main() -> None:
     model = perfora.perforate(nn.Sequential(nn.Linear(6, 12), nn.Tanh(), nn.Linear(12, 3)))
     wrapped = perfora.shard_fsdp2(model) if args.fsdp2 else perfora.wrap_ddp(model)
     ctl = perfora.GrowthController(wrapped, seed=0, dendrite_init="default", maximize=False,
-                                   n_epochs_to_switch=2, max_dendrites=2)
+                                   n_epochs_to_switch=2, max_dendrites=2, growth="dendrites")
     ctl.set_optimizer(torch.optim.Adam, lr=0.01)
     optimizer, _ = ctl.build_optimizer()
     generator = torch.Generator().manual_seed(100 + rank)
