@@ -146,7 +146,7 @@ def optim_diff(a: dict, b: dict) -> float:
     return max(max_diff(a[n], b[n]) for n in a)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # kept for the whole run: another module may run in between
 def runs(tmp_path_factory) -> dict:
     """The shared runs: 2 ranks (uninterrupted + resumed), 3 ranks, and one process."""
     tmp = tmp_path_factory.mktemp("dcp")

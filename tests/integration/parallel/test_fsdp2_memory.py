@@ -23,7 +23,7 @@ pytestmark = pytest.mark.xdist_group("fsdp2_memory")
 WIDTH, LAYERS = 1024, 8
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # kept for the whole run: another module may run in between
 def runs() -> dict[str, list[dict]]:
     return {mode: measure(mode, WIDTH, LAYERS) for mode in ("shard-local", "gather")}
 

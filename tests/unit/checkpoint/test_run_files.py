@@ -104,7 +104,7 @@ def recorded_run(run_dir: Path, max_epochs: int = 20):
     return ctl, model, records, pngs
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # kept for the whole run: another module may run in between
 def run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("run")
     ctl, model, records, pngs = recorded_run(run_dir)
