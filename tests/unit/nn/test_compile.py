@@ -18,7 +18,7 @@ def _model() -> nn.Module:
 
 def _run(compiled: bool) -> tuple[list[float], nn.Module]:
     model = _model()
-    ctl = perfora.GrowthController(model, seed=0, dendrite_init="default")
+    ctl = perfora.GrowthController(model, seed=0, dendrite_init="default", growth="dendrites")
     ctl.set_optimizer(torch.optim.SGD, lr=0.1)
     optimizer, _ = ctl.build_optimizer()
     torch._dynamo.reset()
@@ -69,7 +69,8 @@ def test_six_restructures_stay_compiled_with_two_graphs_per_dendrite_count(monke
 
     model = _model()
     ctl = perfora.GrowthController(model, switch_mode="every_epoch", max_dendrites=6,
-                                   dendrite_init="default", write_files=False)
+                                   dendrite_init="default", write_files=False,
+                                   growth="dendrites")
     ctl.set_optimizer(torch.optim.SGD, lr=0.1)
     optimizer, _ = ctl.build_optimizer()
     run = torch.compile(model, backend=backend)
