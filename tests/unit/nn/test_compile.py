@@ -93,3 +93,29 @@ def test_six_restructures_stay_compiled_with_two_graphs_per_dendrite_count(monke
     assert ctl.num_dendrites == 6
     assert graphs_per_count == [2] * 7  # K = 0..6, each compiled (none fell back to eager)
     torch._dynamo.reset()
+
+
+def test_a_compiled_model_recompiles_after_a_widening_and_computes_the_widened_model():
+    model = _model()
+    ctl = perfora.GrowthController(model, growth="neurons", switch_mode="every_epoch",
+                                   max_neuron_steps=2, write_files=False)
+    ctl.set_optimizer(torch.optim.SGD, lr=0.1)
+    optimizer, _ = ctl.build_optimizer()
+    torch._dynamo.reset()
+    run = torch.compile(model, backend="aot_eager")
+    x, y = torch.randn(16, 8), torch.randint(0, 3, (16,))
+    for step in range(2):
+        optimizer.zero_grad()
+        F.cross_entropy(run(x), y).backward()
+        optimizer.step()
+        with torch.no_grad():
+            before = run(x)
+        optimizer = ctl.step(0.5 + step).optimizer  # each a new best: widened twice
+        with torch.no_grad():
+            assert torch.equal(run(x), before)  # exact through the compiled model
+            assert torch.equal(run(x), model(x))
+    assert model[0].num_neurons == 48  # 16 -> 32 -> 48
+    optimizer.zero_grad()
+    F.cross_entropy(run(x), y).backward()  # the new rows train through the compiled graph
+    assert model[0].source.weight.grad[16:].abs().sum() > 0
+    torch._dynamo.reset()
