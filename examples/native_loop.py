@@ -1,7 +1,8 @@
 """A complete training loop with perfora's native API (runs as is: python examples/native_loop.py).
 
 The same code is shown in the README. It trains a narrow MLP on scikit-learn's digits and
-lets perfora add dendrites whenever the validation accuracy stops improving.
+lets perfora grow it (dendrites, or neurons where those pay) whenever the validation
+accuracy stops improving.
 """
 
 import torch
@@ -38,10 +39,10 @@ for _epoch in range(500):
     with torch.no_grad():
         val_acc = (model(x_val).argmax(1) == y_val).float().mean().item()
     decision = controller.step(val_acc)  # the controller steps the scheduler itself
-    if decision.restructured:  # dendrites were added: use the rebuilt optimizer
+    if decision.restructured:  # the model grew: use the rebuilt optimizer
         optimizer, scheduler = decision.optimizer, decision.scheduler
     if decision.complete:  # the model now holds its best weights
         break
 
-print(f"{controller.num_dendrites} dendrite set(s), best validation accuracy "
-      f"{controller.best_score:.3f} after {controller.epoch} epochs")
+print(f"{controller.num_dendrites} dendrite set(s), hidden width {model[0].num_neurons}, "
+      f"best validation accuracy {controller.best_score:.3f} after {controller.epoch} epochs")

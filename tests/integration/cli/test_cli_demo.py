@@ -101,10 +101,10 @@ def test_readme_example_runs_and_grows(tmp_path: Path, script_server: ScriptServ
     # as `python examples/native_loop.py` runs it, forked from the warm script server
     run = script_server.run(ROOT / "examples" / "native_loop.py", cwd=tmp_path, timeout=240)
     assert run.ok, run.log()
-    match = re.search(r"(\d+) dendrite set\(s\), best validation accuracy ([\d.]+)",
-                      run.log())
+    match = re.search(r"(\d+) dendrite set\(s\), hidden width (\d+), best validation "
+                      r"accuracy ([\d.]+)", run.log())
     assert match, run.log()
-    assert float(match.group(2)) > 0.5
+    assert int(match.group(2)) % 8 == 0 and float(match.group(3)) > 0.5
     assert (tmp_path / "perfora_runs" / "native_loop" / "metrics.csv").is_file()
 
 
