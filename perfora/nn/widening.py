@@ -367,3 +367,27 @@ def widen_to_saved(model: nn.Module, state: Mapping[str, torch.Tensor]) -> list[
             widen(inner, path, extra)
             widened.append(path)
     return widened
+
+
+def adopt_saved_widths(module: nn.Module, state_dict: Mapping[str, torch.Tensor], prefix: str,
+                       *_: object) -> None:
+    """``load_state_dict`` pre-hook that :func:`perfora.perforate` puts on the model: where the
+    state holds a wrapped layer with more neurons (a run that grew neurons elsewhere, e.g. in
+    ddp_spawn's workers, handed back), widen it and its readers first, so the load fits, as a
+    layer takes a saved dendrite count. The loaded values replace the widened ones. Sharded
+    layers, and states that differ from the model in anything but widths, are left to the
+    load (which reports the mismatch)."""
+    local = {key[len(prefix):]: value for key, value in state_dict.items()
+             if key.startswith(prefix)}
+    for path, layer in dendritic_layers(module).items():  # forward order: readers follow
+        core = layer.source
+        key = next((f"{path}.{name}" for name, p in layer.named_parameters()
+                    if p is core.weight), None)
+        saved = local.get(key) if key is not None else None
+        if saved is None or layer._sharded() or saved.dim() != core.weight.dim():
+            continue
+        od = _out_dim(core)
+        now = core.weight.shape
+        if saved.shape[od] > now[od] > 0 and all(
+                a == b for d, (a, b) in enumerate(zip(saved.shape, now)) if d != od):
+            widen(module, path, int(saved.shape[od]) - int(now[od]))

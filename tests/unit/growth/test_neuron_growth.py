@@ -284,3 +284,22 @@ def test_max_dendrites_zero_keeps_auto_the_early_stopping_baseline():
     ctl = _controller(_model(), growth="auto", max_dendrites=0, max_neuron_steps=3)
     decision = ctl.step(0.5)
     assert decision.complete and "early stopping" in decision.reason
+
+
+def test_a_widened_state_loads_into_a_fresh_model_as_a_grown_dendrite_count_does():
+    # as Lightning's ddp_spawn hands the workers' weights back to the launching process
+    model = _model()
+    ctl = _controller(model, growth="auto", max_dendrites=1, max_neuron_steps=2)
+    opt = ctl.optimizer
+    for score in (0.5, 0.6, 0.7):  # a dendrite set, then two neuron steps
+        _epoch(model, opt)
+        model, opt = ctl.step(score).model, ctl.optimizer
+    assert _structure(model) == ((1, 12), (1, 15), (1, 3))
+    fresh = _model(seed=1)
+    fresh.load_state_dict(model.state_dict())
+    assert _structure(fresh) == _structure(model)
+    with torch.no_grad():
+        assert torch.allclose(fresh(X), model(X), atol=1e-6)
+    with pytest.raises(RuntimeError, match="size mismatch"):  # not only wider: the load says
+        _model().load_state_dict({**_model().state_dict(),
+                                  "0.base.weight": torch.zeros(12, 5)}, strict=False)
