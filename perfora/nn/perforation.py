@@ -14,7 +14,7 @@ from ..errors import CheckpointError, ConversionError, PerforationError
 from .attention import is_attention_projection, route_wrapped_layers
 from .layers import DendriticLayer, bank_kind, dendritic_layers, unwrap_model
 from .tied import rename_tied_keys, tie_reason, tied_modules
-from .widening import adopt_saved_widths, replay_widenings
+from .widening import add_width_hook, replay_widenings
 
 log = logging.getLogger("perfora")
 
@@ -168,9 +168,7 @@ def perforate(
                 rename_tied_keys(inner, alias, f"{alias}.base.0" if norm_path else
                                  f"{alias}.base")
     route_wrapped_layers(inner)
-    if adopt_saved_widths not in (getattr(h, "hook", h)
-                                  for h in inner._load_state_dict_pre_hooks.values()):
-        inner.register_load_state_dict_pre_hook(adopt_saved_widths)
+    add_width_hook(inner)  # a state dict of wider layers widens them first, then loads
     report = describe(model)
     report.skipped = skipped
     if verbose:

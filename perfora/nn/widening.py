@@ -391,3 +391,21 @@ def adopt_saved_widths(module: nn.Module, state_dict: Mapping[str, torch.Tensor]
         if saved.shape[od] > now[od] > 0 and all(
                 a == b for d, (a, b) in enumerate(zip(saved.shape, now)) if d != od):
             widen(module, path, int(saved.shape[od]) - int(now[od]))
+
+
+def add_width_hook(module: nn.Module) -> None:
+    """Give ``module`` the :func:`adopt_saved_widths` load pre-hook (once)."""
+    if not _width_hooks(module):
+        module.register_load_state_dict_pre_hook(adopt_saved_widths)
+
+
+def remove_width_hook(module: nn.Module) -> None:
+    """Take the :func:`adopt_saved_widths` load pre-hook off ``module`` (an exported copy
+    must hold nothing of perfora's)."""
+    for key in _width_hooks(module):
+        del module._load_state_dict_pre_hooks[key]
+
+
+def _width_hooks(module: nn.Module) -> list[int]:
+    return [key for key, h in module._load_state_dict_pre_hooks.items()
+            if getattr(h, "hook", h) is adopt_saved_widths]
