@@ -144,9 +144,14 @@ def test_completion_rewinds_to_a_narrower_best_model():
     assert ctl.state.num_widenings == 0
 
 
-def _train_run(tmp_path: Path, stop_after: int | None = None, resume_from: Path | None = None
-               ) -> perfora.GrowthController:
-    settings = dict(growth="neurons", switch_mode="fixed", fixed_switch_num=2,
+AUTO_SCORES = (0.5, 0.51, 0.52, 0.53, 0.52, 0.51, 0.6, 0.61)
+"""Per epoch, with a growth step every 2 epochs: dendrite sets 1 and 2 pay, the next fails
+(undone: neuron step 1 instead), which pays: neuron step 2."""
+
+
+def _train_run(tmp_path: Path, stop_after: int | None = None, resume_from: Path | None = None,
+               growth: str = "neurons") -> perfora.GrowthController:
+    settings = dict(growth=growth, switch_mode="fixed", fixed_switch_num=2,
                     max_neuron_steps=2, seed=3, checkpoint_time_budget=None)
     if resume_from is None:
         ctl = perfora.GrowthController(_model(), run_dir=tmp_path, **settings)
@@ -157,9 +162,10 @@ def _train_run(tmp_path: Path, stop_after: int | None = None, resume_from: Path 
                              optimizer_args={"lr": 0.01})
     model, opt = ctl.model, ctl.optimizer
     torch.manual_seed(ctl.epoch)
-    while not ctl.completed and ctl.epoch < 6:
+    while not ctl.completed and ctl.epoch < (8 if growth == "auto" else 6):
         _epoch(model, opt)
-        decision = ctl.step(0.5 + 0.01 * ctl.epoch)
+        decision = ctl.step(AUTO_SCORES[ctl.epoch] if growth == "auto"
+                            else 0.5 + 0.01 * ctl.epoch)
         model, opt = decision.model, decision.optimizer
         if stop_after is not None and ctl.epoch == stop_after:
             break
@@ -171,6 +177,24 @@ def test_a_resumed_run_equals_an_uninterrupted_one(tmp_path):
     _train_run(tmp_path / "cut", stop_after=3)  # after the first widening
     resumed = _train_run(tmp_path / "cut", resume_from=tmp_path / "cut" / "latest.safetensors")
     assert resumed.state.num_widenings == whole.state.num_widenings == 2
+    a, b = whole.model.state_dict(), resumed.model.state_dict()
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
+def test_a_resumed_auto_run_equals_an_uninterrupted_one(tmp_path):
+    whole = _train_run(tmp_path / "whole", growth="auto")
+    reasons = [row["reason"] for row in whole.state.history if row["reason"]]
+    assert reasons[2].startswith("dendrite set 2 did not beat the best score: undone; added "
+                                 "neuron step 1 instead")
+    assert reasons[3].startswith("plateau: added neuron step 2")
+    # cut after the undo: the resumed run must know that neurons are the kind that pays now
+    _train_run(tmp_path / "cut", stop_after=7, growth="auto")
+    resumed = _train_run(tmp_path / "cut", resume_from=tmp_path / "cut" / "latest.safetensors",
+                         growth="auto")
+    assert (resumed.state.num_dendrites, resumed.state.num_widenings) == \
+        (whole.state.num_dendrites, whole.state.num_widenings) == (1, 2)
     a, b = whole.model.state_dict(), resumed.model.state_dict()
     assert a.keys() == b.keys()
     for key in a:
