@@ -184,9 +184,10 @@ class GrowthController(OptimizerMethods, CheckpointMethods):
         kind = self.state.auto_kind if self.config.growth == "auto" else self.config.growth
         if kind == "neurons":
             carried = capture(self._slot.optimizer, self._slot.scheduler, self.model) \
-                if self._slot.rebuildable and not self.backend.sharded else None
-            model = self.backend.unshard(self.model)
-            added = grow_neurons(model, self.config, self.state, self._signal).describe()
+                if self._slot.rebuildable and not self.backend.flat_shards else None
+            model, step = self.backend.widen(self.model, lambda structure, scope: grow_neurons(
+                structure, self.config, self.state, self._signal, scope))
+            added = step.describe()
             if self._probe is not None:
                 self._probe.clear()
             self._swap(model)

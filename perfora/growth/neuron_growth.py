@@ -13,6 +13,7 @@ a layer's GradMax rows (computed for its input width before the step) still fit.
 
 from __future__ import annotations
 
+import contextlib
 import zlib
 from dataclasses import dataclass, field
 
@@ -25,7 +26,7 @@ from ..nn.blocks import is_hf_conv1d
 from ..nn.consumers import LayerPlan, WideningPlan, plan_widening
 from ..nn.layers import DendriticLayer, dendritic_layers, unwrap_model
 from ..nn.widening import gradmax_rows, widen
-from ..parallel.base import ParallelBackend
+from ..parallel.base import PairScope, ParallelBackend
 from .state import ControllerState
 from .surgery import record_growth
 from .widening_signal import WideningSignal
@@ -70,7 +71,7 @@ def check_neuron_growth(model: nn.Module, backend: ParallelBackend, config: Perf
             f"growth={growth!r} is not supported under DeepSpeed ZeRO-3: widening resizes a "
             "layer and every layer that reads it, which perfora cannot re-partition yet; use "
             "ZeRO stage 0-2, FSDP2 or DDP, or growth='dendrites'")
-    flat = backend.sharded and backend.name == "fsdp1"  # flat shards, no shapes
+    flat = backend.flat_shards
     if flat and config.neuron_init == "gradmax":
         raise ParallelError(
             f"growth={growth!r} with neuron_init={config.neuron_init!r} is not supported "
@@ -126,33 +127,39 @@ def step_size(layer: nn.Module, config: PerforaConfig) -> int:
 
 def widen_layers(model: nn.Module, config: PerforaConfig, state: ControllerState,
                  targets: dict[str, LayerPlan], chosen: list[str],
-                 sums: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> NeuronStep:
-    """Widen the ``chosen`` targets (last first), GradMax rows where ``sums`` has a signal."""
+                 sums: dict[str, tuple[torch.Tensor, torch.Tensor]],
+                 scope: PairScope | None = None) -> NeuronStep:
+    """Widen the ``chosen`` targets (last first), GradMax rows where ``sums`` has a signal;
+    each inside ``scope(entry)`` (default: the model itself)."""
     inner = unwrap_model(model)
     step = NeuronStep()
     for path in reversed([p for p in targets if p in chosen]):
-        layer = inner.get_submodule(path)
-        k = step_size(layer, config)
-        seed = zlib.crc32(f"{config.seed}:{state.additions}:{path}:neurons".encode())
-        gen = torch.Generator().manual_seed(seed)
-        init, how = None, "random"
-        if config.neuron_init == "gradmax" and path in sums \
-                and bool(sums[path][0].abs().sum() > 0):
-            init = gradmax_rows(sums[path][0], k, _row_scale(layer), gen)
-            how = "gradmax"
-        widen(inner, targets[path], k, init=init, generator=gen)
+        opened = scope(targets[path]) if scope is not None else contextlib.nullcontext(inner)
+        with opened as root:
+            layer = root.get_submodule(path)
+            k = step_size(layer, config)
+            seed = zlib.crc32(f"{config.seed}:{state.additions}:{path}:neurons".encode())
+            gen = torch.Generator().manual_seed(seed)
+            init, how = None, "random"
+            if config.neuron_init == "gradmax" and path in sums \
+                    and bool(sums[path][0].abs().sum() > 0):
+                init = gradmax_rows(sums[path][0], k, _row_scale(layer), gen)
+                how = "gradmax"
+            widen(root, targets[path], k, init=init, generator=gen)
         step.added[path] = (k, how)
     step.added = dict(reversed(list(step.added.items())))
     return step
 
 
 def grow_neurons(model: nn.Module, config: PerforaConfig, state: ControllerState,
-                 signal: WideningSignal | None) -> NeuronStep:
-    """Widen every wrapped layer that can gain neurons, in place (unsharded model); records
-    the step in ``state``. The caller re-wraps the model and rebuilds what trains."""
+                 signal: WideningSignal | None, scope: PairScope | None = None) -> NeuronStep:
+    """Widen every wrapped layer that can gain neurons, in place; records the step in
+    ``state``. ``model`` is the unsharded model, or a sharded model's structure with
+    ``scope`` making each pair whole in turn. The caller re-wraps the model and rebuilds
+    what trains."""
     targets = widening_targets(model)
     step = widen_layers(model, config, state, targets, list(targets),
-                        reduce_signal(signal, model, targets))
+                        reduce_signal(signal, model, targets), scope)
     if signal is not None:
         signal.clear()
     record_growth(state, model)

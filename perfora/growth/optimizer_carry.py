@@ -6,6 +6,8 @@ per-parameter state, each group's learning rate and the scheduler's state; :func
 puts them into the optimizer rebuilt over the widened model: each moment (a tensor shaped like
 its parameter) is copied into the leading slice of a zero tensor of the new shape, scalars
 such as Adam's ``step`` as they are. New entries start at zero, as a fresh optimizer's would.
+Under FSDP2 each moment is a shard: a widened parameter's moment is gathered whole (a
+collective, in name order on every rank), grown, and cut to the new parameter's shard.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import torch
 from torch import nn
 
 from ..nn.layers import unwrap_model
+from ..parallel.sharded_state import local_shard
 
 _INTERLEAVED = ("bank_weight", "bank_bias")
 """Dendrite bank rows are grouped per set, so new neurons' rows are not appended at the end."""
@@ -64,13 +67,25 @@ def _grown(value: torch.Tensor, old: torch.Size, param: torch.Tensor) -> torch.T
     return out
 
 
+def _grown_shard(value: torch.Tensor, old: torch.Size, param: torch.Tensor
+                 ) -> torch.Tensor | None:
+    """:func:`_grown` for a plain moment, or for an FSDP2 shard: gathered whole, grown, and
+    cut to ``param``'s shard (a collective)."""
+    sharded = hasattr(value, "full_tensor")
+    grown = _grown(value.full_tensor() if sharded else value, old, param)
+    if grown is None or not hasattr(param, "device_mesh"):
+        return grown
+    return local_shard(grown, param)
+
+
 def carry_into(carried: CarriedOptimizer | None, optimizer: torch.optim.Optimizer | None,
                scheduler: Any, model: nn.Module) -> None:
     """Give the rebuilt ``optimizer`` (and ``scheduler``) what :func:`capture` kept."""
     if carried is None or optimizer is None:
         return
     params = dict(unwrap_model(model).named_parameters())
-    for name, saved in carried.states.items():
+    for name in sorted(carried.states):  # the same order on every rank (FSDP2 gathers)
+        saved = carried.states[name]
         param = params.get(name)
         if param is None:
             continue
@@ -80,7 +95,7 @@ def carry_into(carried: CarriedOptimizer | None, optimizer: torch.optim.Optimize
         state: dict[str, Any] = {}
         for key, value in saved.items():
             if isinstance(value, torch.Tensor) and value.dim() > 0:
-                grown = value if param.shape == old else _grown(value, old, param)
+                grown = value if param.shape == old else _grown_shard(value, old, param)
                 if grown is None:
                     state = {}
                     break

@@ -8,9 +8,11 @@ optimizer state, how many parameters the deployed model has, and what the backen
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
-from typing import Any
+from contextlib import AbstractContextManager
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
@@ -22,6 +24,10 @@ from ..nn.perforation import rebuild_structure
 OptimizerState = tuple[dict[str, torch.Tensor], dict]
 LayerEdit = Callable[[int, str, DendriticLayer], None]
 Prepare = Callable[[nn.Module], None]
+PairScope = Callable[[Any], AbstractContextManager[nn.Module]]
+"""Given one layer's widening plan entry, a context holding the model in which that layer
+and its readers are whole and may be widened (the model itself, unless it is sharded)."""
+T = TypeVar("T")
 
 
 class ParallelBackend(ABC):
@@ -42,6 +48,12 @@ class ParallelBackend(ABC):
     @property
     def replaces_wrappers(self) -> bool:
         """A re-wrap retires the old wrapper (its buckets miss new parameters)."""
+        return False
+
+    @property
+    def flat_shards(self) -> bool:
+        """Each rank holds flat slices that hide the parameters' shapes (FSDP1): no
+        per-row signal, no optimizer moments to carry through a widening."""
         return False
 
     @property
@@ -100,6 +112,15 @@ class ParallelBackend(ABC):
     def edit_layers(self, model: nn.Module, edit: LayerEdit) -> nn.Module:
         """Apply ``edit(index, path, layer)`` to every dendritic layer (sorted by path);
         returns the model to re-wrap (a collective when sharded)."""
+
+    def widen(self, model: nn.Module, grow: Callable[[nn.Module, PairScope], T]
+              ) -> tuple[nn.Module, T]:
+        """Run a neuron step ``grow(structure, scope)``: widen each layer pair inside
+        ``scope(entry)``; returns the model to re-wrap and what ``grow`` returned. Here the
+        unsharded model is both the structure and every pair's scope."""
+        inner = self.unshard(model)
+        whole = unwrap_model(inner)
+        return inner, grow(inner, lambda entry: contextlib.nullcontext(whole))
 
     @abstractmethod
     def snapshot(self, model: nn.Module) -> dict[str, torch.Tensor]:

@@ -42,6 +42,7 @@ class FSDP1Backend(ShardedBackend):
     """FSDP1: flat slices per parameter, so the optimizer state is not saved."""
 
     name = FSDP1_KIND
+    flat_shards = True
 
     def parameter_count(self, model: nn.Module) -> int:
         """The template's parameters: each rank's parameters hold only its slice."""

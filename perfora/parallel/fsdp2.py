@@ -8,7 +8,7 @@ the template kept for re-sharding holds the structure only (on the meta device).
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +17,7 @@ from torch import nn
 
 from ..errors import ParallelError
 from ..nn.layers import dendritic_layers
-from .base import LayerEdit, Prepare
+from .base import LayerEdit, PairScope, Prepare, T
 from .shard_local import (
     META,
     ShardLocalRebuild,
@@ -26,6 +26,7 @@ from .shard_local import (
     sharded_clones,
     whole_tensors,
 )
+from .shard_local_widening import PairwiseWidening
 from .sharded import ShardedBackend
 from .sharded_state import FSDP2_KIND, ShardSpec, is_fsdp2
 
@@ -84,6 +85,18 @@ class FSDP2Backend(ShardedBackend):
         _drop_gradients(model)
         new, self.spec.template = edit_layers(model, self._template(), self._rebuild(), edit)
         return self.spec.adopt(new)
+
+    def widen(self, model: nn.Module, grow: Callable[[nn.Module, PairScope], T]
+              ) -> tuple[nn.Module, T]:
+        """One layer pair gathered whole at a time, widened, cut back to shards; then the
+        model is sharded again from its structure (a collective)."""
+        if not self.spec.sharded(model):
+            return super().widen(model, grow)
+        _drop_gradients(model)
+        step = PairwiseWidening(model, self._template())
+        result = grow(step.template, step.scope)
+        new, self.spec.template = step.finish(self._rebuild())
+        return self.spec.adopt(new), result
 
     def snapshot(self, model: nn.Module) -> dict[str, torch.Tensor]:
         """This rank's shards, cloned (no gather)."""

@@ -113,13 +113,14 @@ def grow_neurons_sharded(rank: int, tmp: Path, kind: str) -> dict:
 
     torch.manual_seed(0)
     base = perfora.perforate(nn.Sequential(nn.Linear(6, 4), nn.Tanh(), nn.Linear(4, 3)))
-    model = shard_fsdp2(base, mesh=init_device_mesh("cpu", (WORLD,))) if kind == "fsdp2" \
+    fsdp2 = kind.startswith("fsdp2")
+    model = shard_fsdp2(base, mesh=init_device_mesh("cpu", (WORLD,))) if fsdp2 \
         else wrap_fsdp1(base, device_id=torch.device("cpu"))
     auto = kind.endswith("auto")
     ctl = perfora.GrowthController(model, growth="auto" if auto else "neurons",
                                    switch_mode="every_epoch", max_neuron_steps=2,
                                    write_files=False, candidate_steps=5,
-                                   neuron_init="gradmax" if kind == "fsdp2" else "random")
+                                   neuron_init="gradmax" if fsdp2 else "random")
     ctl.set_optimizer(torch.optim.Adam, lr=0.01)
     opt, _ = ctl.build_optimizer()
     gen = torch.Generator().manual_seed(rank)
@@ -151,16 +152,17 @@ def grow_neurons_sharded(rank: int, tmp: Path, kind: str) -> dict:
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("kind", ["fsdp2", "fsdp1", "fsdp1-auto"])
+@pytest.mark.parametrize("kind", ["fsdp2", "fsdp1", "fsdp1-auto", "fsdp2-auto"])
 def test_a_sharded_model_widens_reshards_and_rewinds_narrower(tmp_path, kind):
     r0, r1 = run_in_folder(grow_neurons_sharded, tmp_path, WORLD, kind, join_s=120)
     assert r0["reasons"] == r1["reasons"] and r0["full"] == r1["full"]
     assert all(r0["exact"][:2]) and all(r0["sharded"])  # exact, and sharded again
-    if kind == "fsdp1-auto":  # a failed dendrite set undone, neurons grown in its place
+    if kind.endswith("auto"):  # a failed dendrite set undone, neurons grown in its place
+        init = "gradmax" if kind.startswith("fsdp2") else "random"
         assert r0["reasons"][:2] == ["plateau: added dendrite set 1",
                                      "plateau: added dendrite set 2"]
         assert r0["reasons"][2] == ("dendrite set 2 did not beat the best score: undone; "
-                                    "added neuron step 1 instead (0: +4 random)")
+                                    f"added neuron step 1 instead (0: +4 {init})")
         assert r0["shapes"] == [[4, 6], [4, 6], [8, 6]]
         assert r0["dendrites"] == 1
         return
@@ -171,3 +173,84 @@ def test_a_sharded_model_widens_reshards_and_rewinds_narrower(tmp_path, kind):
     assert r0["shapes"] == [[8, 6], [12, 6], [4, 6]]  # then the rewind to the first model
     assert all(r0["exact"][:2]) and all(r0["sharded"])  # exact, and sharded again
     assert r0["full"] == r1["full"]
+
+
+def widen_fsdp2_pair_by_pair(rank: int, tmp: Path) -> dict:
+    """Two widenable pairs with a BatchNorm between, sharded per layer; the whole model must
+    never be gathered (the spec's unshard is made to fail), and Adam's moments carry on."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from perfora.errors import ParallelError
+    from perfora.parallel import shard_fsdp2
+
+    torch.manual_seed(0)
+    base = perfora.perforate(nn.Sequential(
+        nn.Linear(6, 5), nn.BatchNorm1d(5), nn.ReLU(), nn.Linear(5, 4), nn.Tanh(),
+        nn.Linear(4, 3)))
+    model = shard_fsdp2(base, mesh=init_device_mesh("cpu", (WORLD,)))
+    ctl = perfora.GrowthController(model, growth="neurons", switch_mode="every_epoch",
+                                   max_neuron_steps=1, write_files=False,
+                                   neuron_init="gradmax")
+
+    def no_whole_model(_model: nn.Module) -> nn.Module:
+        raise ParallelError("a neuron step gathered the whole model")
+
+    ctl.backend.spec.unshard = no_whole_model
+    ctl.set_optimizer(torch.optim.Adam, lr=0.01)
+    opt, _ = ctl.build_optimizer()
+    gen = torch.Generator().manual_seed(rank)
+    x_fixed = torch.randn(8, 6, generator=torch.Generator().manual_seed(9))
+    for _ in range(3):
+        x = torch.randn(32, 6, generator=gen)
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), (x[:, 2 * rank] > 0).long()).backward()
+        opt.step()
+    model.eval()
+    with torch.no_grad():
+        before = model(x_fixed)
+    stats_before = ctl.backend.full_state(model)["1.running_mean"].clone()
+
+    def moments(names: tuple[str, ...]) -> dict[str, torch.Tensor]:
+        params = dict(model.named_parameters())
+        return {n: opt.state[params[n]]["exp_avg"].full_tensor() for n in names}
+
+    moments_before = moments(("0.base.weight", "3.base.weight"))
+    decision = ctl.step(0.5)
+    model, opt = decision.model, decision.optimizer
+    after = moments(("0.base.weight", "3.base.weight"))
+    carried = (torch.equal(after["0.base.weight"][:5], moments_before["0.base.weight"])
+               and not after["0.base.weight"][5:].any()
+               and torch.equal(after["3.base.weight"][:4, :5], moments_before["3.base.weight"])
+               and not after["3.base.weight"][4:].any() and not after["3.base.weight"][:, 5:].any())
+    with torch.no_grad():
+        exact = bool(torch.equal(model(x_fixed), before))
+    full = {k: v.clone() for k, v in ctl.backend.full_state(model).items()}
+    shapes = {k: list(full[k].shape) for k in ("0.base.weight", "1.weight", "3.base.weight",
+                                                "5.base.weight")}
+    model.train()  # the widened model trains: the new neurons' zero outgoing weights move
+    new_columns = full["3.base.weight"][:, 5:].clone()
+    x = torch.randn(32, 6, generator=gen)
+    opt.zero_grad()
+    nn.functional.cross_entropy(model(x), (x[:, 2 * rank] > 0).long()).backward()
+    opt.step()
+    moved = not torch.equal(ctl.backend.full_state(model)["3.base.weight"][:, 5:], new_columns)
+    return {"reason": decision.reason, "exact": exact, "shapes": shapes, "moved": moved,
+            "carried": carried,
+            "stats_kept": bool(torch.equal(full["1.running_mean"][:5], stats_before)),
+            "new_stats": full["1.running_mean"][5:].tolist(),
+            "sharded": all(type(p).__name__ == "DTensor" for p in model.parameters()),
+            "params": {k: v.tolist() for k, v in full.items() if "running" not in k}}
+
+
+@pytest.mark.timeout(150)
+def test_fsdp2_widens_one_layer_pair_at_a_time_exactly(tmp_path):
+    r0, r1 = run_in_folder(widen_fsdp2_pair_by_pair, tmp_path, WORLD, join_s=120)
+    assert r0["reason"] == r1["reason"] == ("plateau: added neuron step 1 "
+                                            "(0: +5 gradmax, 3: +4 gradmax)")
+    assert r0["exact"] and r1["exact"] and r0["sharded"] and r1["sharded"]
+    assert r0["shapes"] == {"0.base.weight": [10, 6], "1.weight": [10],
+                            "3.base.weight": [8, 10], "5.base.weight": [3, 8]}
+    for r in (r0, r1):  # BatchNorm: each rank's own statistics, new channels neutral
+        assert r["stats_kept"] and r["new_stats"] == [0.0] * 5
+    assert r0["carried"] and r1["carried"]  # Adam's moments in the old slices, zeros after
+    assert r0["moved"] and r0["params"] == r1["params"]
