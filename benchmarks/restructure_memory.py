@@ -8,11 +8,15 @@ above the process's size before the model was built, during:
 * a training step before the growth step and one after it (the steady state; the larger
   of the two is what the job needs anyway, since it goes on training the grown model);
 * the best-model snapshot (``step`` with a new best), the growth step
-  (``add_dendrites``), and the rewind to the best snapshot.
+  (``add_dendrites``), and the rewind to the best snapshot;
+* then a neuron step (``add_neurons``: every hidden layer gains a quarter of its width, and
+  its reader as many input columns), whose steady state also counts a training step of the
+  widened model after it.
 
-``shard-local`` is perfora's FSDP2 path (one layer gathered at a time, snapshots as the
-rank's own shards); ``gather`` runs the same steps the way perfora did before (and still
-does under FSDP1): every tensor gathered whole on every rank, restructured, sharded again.
+``shard-local`` is perfora's FSDP2 path (one layer, or for a neuron step one layer pair,
+gathered at a time, snapshots as the rank's own shards); ``gather`` runs the same steps the
+way perfora did before (and still does under FSDP1): every tensor gathered whole on every
+rank, restructured, sharded again.
 
     python benchmarks/restructure_memory.py [--width 2048] [--layers 8] [--json PATH]
 """
@@ -40,7 +44,8 @@ from torch import nn
 OUTPUT = "restructure_memory.json"
 TARGET = 1.2
 MODES = ("shard-local", "gather")
-OPERATIONS = ("snapshot", "grow", "rewind")
+OPERATIONS = ("snapshot", "grow", "rewind", "widen")
+NEURONS_PER_STEP = 0.25
 JOIN_S = 300
 
 
@@ -49,7 +54,7 @@ def _use_gather_based() -> None:
     from perfora.parallel.fsdp2 import FSDP2Backend
     from perfora.parallel.sharded import ShardedBackend
 
-    for name in ("edit_layers", "snapshot", "whole", "restore"):
+    for name in ("edit_layers", "snapshot", "whole", "restore", "widen"):
         setattr(FSDP2Backend, name, getattr(ShardedBackend, name))
 
 
@@ -88,7 +93,8 @@ def measure_rank(rank: int, world: int, spec: dict) -> dict:
         blocks += [nn.Linear(width, width), nn.ReLU()]
     model = perfora.perforate(nn.Sequential(*blocks, nn.Linear(width, 10)))
     model = shard_fsdp2(model, mesh=init_device_mesh("cpu", (world,)))
-    ctl = perfora.GrowthController(model, write_files=False, max_dendrites=3)
+    ctl = perfora.GrowthController(model, write_files=False, max_dendrites=3,
+                                   neurons_per_step=NEURONS_PER_STEP)
     ctl.set_optimizer(torch.optim.Adam, lr=1e-4)
     opt, _ = ctl.build_optimizer()
     gen = torch.Generator().manual_seed(rank)
@@ -123,10 +129,21 @@ def measure_rank(rank: int, world: int, spec: dict) -> dict:
     peaks["rewind"], model = _peak_of(rewind)
     with torch.no_grad():
         rewind_change = (model(probe) - out_before).abs().max().item()
+    opt, params = ctl.optimizer, ctl.parameter_count()
+    with torch.no_grad():
+        out_before = model(probe)
+    peaks["widen"], decision = _peak_of(ctl.add_neurons)
+    model, opt = decision.model, decision.optimizer
+    with torch.no_grad():
+        widen_change = (model(probe) - out_before).abs().max().item()
+    widened = _digest(model)
+    train()
+    peaks["after_widen"] = _peak_of(train)[0]
     return {"rank": rank, "peaks": {k: v - base for k, v in peaks.items()},
             "out_change": out_change, "rewind_change": rewind_change, "grown": grown,
-            "dendrites_after_rewind": ctl.num_dendrites,
-            "params": ctl.parameter_count()}
+            "widen_change": widen_change, "widened": widened,
+            "params_widened": ctl.parameter_count(),
+            "dendrites_after_rewind": ctl.num_dendrites, "params": params}
 
 
 def _entry(rank: int, world: int, store: str, spec: dict, out: str) -> None:
@@ -162,11 +179,19 @@ def measure(mode: str, width: int, layers: int, world: int = 2, batch: int = 16)
         return [json.loads(Path(tmp, f"result_{r}.json").read_text()) for r in range(world)]
 
 
+def steady_states(peaks: dict[str, int]) -> dict[str, int]:
+    """Each operation's steady state: the larger of the training steps before and after it
+    (the dendrite operations: around the growth step; the neuron step: also after it)."""
+    around_growth = max(peaks["before"], peaks["after"])
+    return {**{op: around_growth for op in OPERATIONS},
+            "widen": max(around_growth, peaks["after_widen"])}
+
+
 def ratios(result: dict) -> dict[str, float]:
-    """Each operation's peak over the steady state (the larger of before and after)."""
+    """Each operation's peak over its steady state."""
     peaks = result["peaks"]
-    steady = max(peaks["before"], peaks["after"])
-    return {op: peaks[op] / steady for op in OPERATIONS}
+    steady = steady_states(peaks)
+    return {op: peaks[op] / steady[op] for op in OPERATIONS}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -195,24 +220,30 @@ def main(argv: list[str] | None = None) -> int:
     print(f"FSDP2 restructure memory, {args.ranks} gloo ranks, MLP {args.layers} x "
           f"{args.width}^2, Adam; MiB per rank above the process before the model")
     print(f"{'mode':<12} {'rank':>4} {'steady':>8} {'snapshot':>9} {'grow':>8} "
-          f"{'rewind':>8}   peak/steady (target <= {TARGET})")
+          f"{'rewind':>8} {'steady*':>8} {'widen':>8}   peak/steady (target <= {TARGET}; "
+          "steady*: also after the neuron step)")
     for mode in MODES:
         for result in measure(mode, args.width, args.layers, args.ranks):
             p, r = result["peaks"], ratios(result)
-            steady = max(p["before"], p["after"])
-            rows.append({"mode": mode, **result, "ratios": r, "steady": steady})
-            print(f"{mode:<12} {result['rank']:>4} {steady / mib:>8.0f} "
+            steady = steady_states(p)
+            rows.append({"mode": mode, **result, "ratios": r, "steady": steady["grow"],
+                         "steady_widen": steady["widen"]})
+            print(f"{mode:<12} {result['rank']:>4} {steady['grow'] / mib:>8.0f} "
                   f"{p['snapshot'] / mib:>9.0f} {p['grow'] / mib:>8.0f} "
-                  f"{p['rewind'] / mib:>8.0f}   " +
+                  f"{p['rewind'] / mib:>8.0f} {steady['widen'] / mib:>8.0f} "
+                  f"{p['widen'] / mib:>8.0f}   " +
                   "  ".join(f"{op} {r[op]:.2f}" for op in OPERATIONS))
     same = len({row["grown"] for row in rows}) == 1
-    print(f"grown model identical in both modes and on every rank: {same}")
+    same_widened = len({row["widened"] for row in rows}) == 1
+    print(f"grown model identical in both modes and on every rank: {same}; widened: "
+          f"{same_widened}")
     path = output_path(args)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({
         "benchmark": "restructure_memory", "width": args.width, "layers": args.layers,
         "ranks": args.ranks, "target": TARGET, "torch": torch.__version__,
-        "machine": platform.machine(), "rows": rows, "identical": same}, indent=1))
+        "machine": platform.machine(), "neurons_per_step": NEURONS_PER_STEP, "rows": rows,
+        "identical": same, "identical_widened": same_widened}, indent=1))
     print(f"wrote {path}")
     return 0
 

@@ -347,10 +347,14 @@ def table_restructure_memory() -> str:
     mib, out = 2 ** 20, []
     for r in result["rows"]:
         p, ratio = r["peaks"], r["ratios"]
+        widen = ([f"{r['steady_widen'] / mib:.0f}",
+                  f"{p['widen'] / mib:.0f} ({ratio['widen']:.2f}x)"]
+                 if "widen" in p else ["", ""])
         out.append([r["mode"], str(r["rank"]), f"{r['steady'] / mib:.0f}",
                     *(f"{p[op] / mib:.0f} ({ratio[op]:.2f}x)"
-                      for op in ("snapshot", "grow", "rewind"))])
-    return _rows(["path", "rank", "steady MiB", "snapshot", "grow", "rewind"], out)
+                      for op in ("snapshot", "grow", "rewind")), *widen])
+    return _rows(["path", "rank", "steady MiB", "snapshot", "grow", "rewind",
+                  "steady MiB with the widened model", "neuron step"], out)
 
 
 def table_multinode() -> str:

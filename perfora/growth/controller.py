@@ -178,10 +178,12 @@ class GrowthController(OptimizerMethods, CheckpointMethods):
         self._slot.after_restructure(self.model, self.config.maximize)
         self._take_engine_optimizer()
 
-    def _grow(self) -> str:
-        """Grow (a dendrite set on every layer, or neurons), then set and rebuild what
-        trains; returns what a neuron step added (empty for dendrites)."""
-        kind = self.state.auto_kind if self.config.growth == "auto" else self.config.growth
+    def _grow(self, kind: str | None = None) -> str:
+        """Grow (a dendrite set on every layer, or neurons: ``kind``, else what the config
+        and auto's choice say), then set and rebuild what trains; returns what a neuron
+        step added (empty for dendrites)."""
+        if kind is None:
+            kind = self.state.auto_kind if self.config.growth == "auto" else self.config.growth
         if kind == "neurons":
             carried = capture(self._slot.optimizer, self._slot.scheduler, self.model) \
                 if self._slot.rebuildable and not self.backend.flat_shards else None
@@ -301,6 +303,19 @@ class GrowthController(OptimizerMethods, CheckpointMethods):
         self._writer.write_switch(self._parts(), self.checkpoint_path)
         return self._decision(Action.RESTRUCTURE, "added on request"
                               + (f" ({added})" if added else ""))
+
+    def add_neurons(self) -> Decision:
+        """Add one neuron step now (without waiting for a plateau), whatever ``growth``
+        says: every wrapped layer whose readers perfora finds gains ``neurons_per_step`` of
+        its starting width, exactly; rebuilds the optimizer (its moments carried on).
+        PerforationError/ParallelError, before anything changes, where no layer can gain
+        neurons or the backend cannot widen."""
+        if self.state.completed:
+            raise OrderError("add_neurons() after training completed")
+        check_neuron_growth(self.model, self.backend, self.config.replace(growth="neurons"))
+        added = self._grow("neurons")
+        self._writer.write_switch(self._parts(), self.checkpoint_path)
+        return self._decision(Action.RESTRUCTURE, f"added on request ({added})")
 
     def restore_best(self) -> nn.Module:
         """Give the model the best snapshot's structure and weights now; returns the model to

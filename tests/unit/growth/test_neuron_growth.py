@@ -327,3 +327,25 @@ def test_a_widened_state_loads_into_a_fresh_model_as_a_grown_dendrite_count_does
     with pytest.raises(RuntimeError, match="size mismatch"):  # not only wider: the load says
         _model().load_state_dict({**_model().state_dict(),
                                   "0.base.weight": torch.zeros(12, 5)}, strict=False)
+
+
+def test_add_neurons_widens_now_whatever_growth_says():
+    model = _model()
+    ctl = _controller(model, growth="dendrites")
+    _epoch(model, ctl.optimizer)
+    with torch.no_grad():
+        before = model(X)
+    decision = ctl.add_neurons()
+    assert decision.reason == "added on request (0: +4 random, 2: +5 random)"
+    model = decision.model
+    with torch.no_grad():
+        assert torch.equal(model(X), before)
+    assert (model[0].num_neurons, model[2].num_neurons, ctl.num_dendrites) == (8, 10, 0)
+    moments = decision.optimizer.state[model[0].base.weight]["exp_avg"]
+    assert moments.shape == (8, 6) and not moments[4:].any() and moments[:4].any()
+    only_last = perfora.perforate(nn.Sequential(nn.Linear(6, 4), nn.Tanh(), nn.Linear(4, 3)),
+                                  paths=["2"])
+    ctl = perfora.GrowthController(only_last, growth="dendrites", write_files=False)
+    with pytest.raises(PerforationError, match="no wrapped layer can gain neurons"):
+        ctl.add_neurons()
+    assert only_last[2].num_neurons == 3
