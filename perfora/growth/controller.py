@@ -185,8 +185,9 @@ class GrowthController(OptimizerMethods, CheckpointMethods):
         if kind is None:
             kind = self.state.auto_kind if self.config.growth == "auto" else self.config.growth
         if kind == "neurons":
+            carries = not (self.backend.flat_shards or self.backend.owns_optimizer)
             carried = capture(self._slot.optimizer, self._slot.scheduler, self.model) \
-                if self._slot.rebuildable and not self.backend.flat_shards else None
+                if carries else None
             model, step = self.backend.widen(self.model, lambda structure, scope: grow_neurons(
                 structure, self.config, self.state, self._signal, scope))
             added = step.describe()
@@ -195,7 +196,10 @@ class GrowthController(OptimizerMethods, CheckpointMethods):
             self._swap(model)
             self.rule.apply(self._layers())
             self._rebuild_after_change()
-            carry_into(carried, self._slot.optimizer, self._slot.scheduler, self.model)
+            if self._slot.rebuildable:
+                carry_into(carried, self._slot.optimizer, self._slot.scheduler, self.model)
+            else:  # the user or the framework builds the next optimizer: carried into it
+                self._slot.pending_carry = carried
             self._usage.after_restructure(self._layers())
             make_room_for_recompiles(self.state.additions + 1)
             return added
@@ -238,6 +242,7 @@ class GrowthController(OptimizerMethods, CheckpointMethods):
             raise OrderError("step() after training completed: the controller already "
                              "restored the best model; stop the loop when decision.complete")
         self._adopt(model)
+        self._slot.pending_carry = None  # a neuron step's moments wait one epoch at most
         self._usage.end_epoch(self._slot.expected, self._slot.awaiting_instance)
         value, test, extras = read_scores(score, test_score, extra, weight)
         now = time.perf_counter()

@@ -18,6 +18,7 @@ from ..errors import OrderError
 from ..nn.layers import unwrap_model
 from ..parallel.base import ParallelBackend
 from .optim import OptimizerRecipe, SchedulerRecipe, check_plateau_mode, current_lr, step_scheduler
+from .optimizer_carry import carry_into
 
 
 class OptimizerSlot:
@@ -31,6 +32,10 @@ class OptimizerSlot:
         self.user_owned = False
         self.awaiting_instance = False
         """True from a restructure that dropped the user's optimizer until they register one."""
+        self.pending_carry: Any = None
+        """What a neuron step kept of an optimizer perfora does not rebuild (the user's, a
+        framework's): carried into the next one registered or handed to
+        ``carry_optimizer_state``, until the next score."""
 
     def set_recipe(self, cls: type[torch.optim.Optimizer], kwargs: dict[str, Any]) -> None:
         """Register the optimizer class and arguments; rebuilt after every restructure."""
@@ -151,8 +156,23 @@ class OptimizerMethods:
 
     def set_optimizer_instance(self, optimizer: torch.optim.Optimizer,
                                scheduler: Any = None) -> None:
-        """Use an optimizer you built. After a restructure you must rebuild it yourself."""
+        """Use an optimizer you built. After a restructure you must rebuild it yourself;
+        after a neuron step the one you register gets the old one's moments."""
         self._slot.set_instance(optimizer, scheduler)
+        self.carry_optimizer_state(optimizer, scheduler)
+
+    def carry_optimizer_state(self, optimizer: torch.optim.Optimizer,
+                              scheduler: Any = None) -> bool:
+        """After a neuron step, give an optimizer built over the widened model (yours, or
+        a framework's) the old optimizer's moments in the old slices of each parameter, zeros
+        in the new ones, and the old learning rates (and ``scheduler`` the old scheduler's
+        state, where perfora held one). The integrations call it; True when something was
+        carried (nothing after other restructures). Under FSDP2 call it on every rank."""
+        carried, self._slot.pending_carry = self._slot.pending_carry, None
+        if carried is None:
+            return False
+        carry_into(carried, optimizer, scheduler, self.model)
+        return bool(carried.states)
 
     def hand_over_optimizer(self, optimizer: torch.optim.Optimizer | None) -> None:
         """A framework's optimizer (Lightning, HF Trainer): read for the learning rate and

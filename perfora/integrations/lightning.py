@@ -304,6 +304,8 @@ class DendriteGrowth(GrowthCallback, Callback):
         if isinstance(strategy, ModelParallelStrategy | FSDPStrategy):
             for optimizer in strategy.optimizers:
                 prime_optimizer_state(optimizer)
+        if self.controller is not None and strategy.optimizers:  # after a neuron step:
+            self.controller.carry_optimizer_state(strategy.optimizers[0])  # moments go on
 
     def _log(self, trainer: pl.Trainer, decision: Decision) -> None:
         assert self.controller is not None

@@ -215,7 +215,8 @@ class DendriteGrowthCallback(GrowthCallback, TrainerCallback):
 
         The optimizer and scheduler come from the Trainer's ``create_optimizer`` and
         ``create_scheduler``; the scheduler takes the old one's state (its step count) and
-        the new optimizer the old learning rates."""
+        the new optimizer the old learning rates (and, after a neuron step, the old
+        moments)."""
         old_optimizer, old_scheduler = trainer.optimizer, trainer.lr_scheduler
         old_lrs = [g["lr"] for g in old_optimizer.param_groups] if old_optimizer else None
         scheduler_state = old_scheduler.state_dict() if old_scheduler is not None else None
@@ -233,6 +234,8 @@ class DendriteGrowthCallback(GrowthCallback, TrainerCallback):
             _last_lrs(scheduler, len(groups))
         for group, lr in zip(groups, lrs or [], strict=False):
             group["lr"] = lr
+        if self.controller is not None:  # after a neuron step: the moments go on
+            self.controller.carry_optimizer_state(getattr(optimizer, "optimizer", optimizer))
         handler = trainer.callback_handler
         handler.model, handler.optimizer, handler.lr_scheduler = \
             trainer.model, trainer.optimizer, trainer.lr_scheduler

@@ -291,6 +291,39 @@ def test_restore_best_after_a_fit_that_ended_before_completion(tmp_path):
     assert all(torch.equal(state[k], v) for k, v in best.items())
 
 
+class _Moments(pl.Callback):
+    """Adam's first moment of ``net.0.base.weight`` after each validation (cloned)."""
+
+    def __init__(self) -> None:
+        self.seen: list[torch.Tensor] = []
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.sanity_checking:
+            return
+        optimizer = trainer.optimizers[0]
+        self.seen.append(optimizer.state[pl_module.net[0].base.weight]["exp_avg"].clone())
+
+
+@pytest.mark.timeout(120)
+def test_a_neuron_step_carries_the_moments_into_lightnings_new_optimizer(tmp_path):
+    torch.manual_seed(0)
+    model = DigitsNet()
+    growth = DendriteGrowth(monitor="val_acc", mode="max", module="net", growth="neurons",
+                            switch_mode="fixed", fixed_switch_num=2, max_neuron_steps=1)
+    before, after = _Moments(), _Moments()
+    trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=2,
+                         callbacks=[before, growth, after], logger=False,
+                         enable_progress_bar=False, enable_model_summary=False,
+                         default_root_dir=str(tmp_path))
+    train, val = digits_loaders(100)
+    trainer.fit(model, train, val)
+    assert model.net[0].num_neurons == 32 and "added neuron step 1" in \
+        growth.last_decision.reason
+    old, new = before.seen[-1], after.seen[-1]  # around the neuron step
+    assert old.shape == (16, 64) and new.shape == (32, 64)
+    assert torch.equal(new[:16], old) and not new[16:].any()
+
+
 @pytest.mark.timeout(120)
 def test_a_missing_monitor_names_the_logged_metrics(tmp_path):
     growth = DendriteGrowth(monitor="val_accuracy", mode="max", module="net")

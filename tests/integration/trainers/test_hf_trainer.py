@@ -304,3 +304,28 @@ def test_a_model_that_gained_neurons_reloads_from_save_pretrained(tmp_path):
     assert fresh.encoder[2].base.weight.shape == model.encoder[2].base.weight.shape
     with torch.no_grad():
         assert torch.allclose(fresh(PROBE).logits, model(PROBE).logits, atol=1e-6)
+
+
+def test_a_neuron_step_carries_the_moments_into_the_trainers_new_optimizer(tmp_path):
+    trainer = make_trainer(str(tmp_path / "out"), epochs=3)
+    seen: list[list[torch.Tensor]] = [[], []]
+
+    class Moments(TrainerCallback):
+        def __init__(self, into: list[torch.Tensor]) -> None:
+            self.into = into
+
+        def on_evaluate(self, args, state, control, **kwargs) -> None:
+            opt = getattr(trainer.optimizer, "optimizer", trainer.optimizer)
+            weight = trainer.model.encoder[0].base.weight
+            self.into.append(opt.state[weight]["exp_avg"].clone())
+
+    trainer.add_callback(Moments(seen[0]))  # before the growth callback, then after it
+    growth = DendriteGrowthCallback(monitor="eval_accuracy", switch_mode="fixed",
+                                    fixed_switch_num=2, growth="neurons", max_neuron_steps=1,
+                                    write_files=False).bind(trainer)
+    trainer.add_callback(Moments(seen[1]))
+    trainer.train()
+    assert "added neuron step 1" in growth.controller.state.history[1]["reason"]
+    old, new = seen[0][1], seen[1][1]  # around the neuron step
+    width = old.shape[0]
+    assert new.shape[0] > width and torch.equal(new[:width], old) and not new[width:].any()

@@ -349,3 +349,21 @@ def test_add_neurons_widens_now_whatever_growth_says():
     with pytest.raises(PerforationError, match="no wrapped layer can gain neurons"):
         ctl.add_neurons()
     assert only_last[2].num_neurons == 3
+
+
+def test_the_optimizer_you_register_after_a_neuron_step_gets_the_moments():
+    model = _model()
+    ctl = perfora.GrowthController(model, growth="neurons", switch_mode="every_epoch",
+                                   max_neuron_steps=1, write_files=False)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    ctl.set_optimizer_instance(opt)
+    _epoch(model, opt)
+    old = opt.state[model[0].base.weight]["exp_avg"].clone()
+    decision = ctl.step(0.5)
+    assert decision.restructured and decision.optimizer is None  # yours to rebuild
+    model = decision.model
+    fresh = torch.optim.Adam(model.parameters(), lr=0.01)
+    ctl.set_optimizer_instance(fresh)
+    new = fresh.state[model[0].base.weight]["exp_avg"]
+    assert torch.equal(new[:4], old) and not new[4:].any()
+    assert not ctl.carry_optimizer_state(torch.optim.Adam(model.parameters()))  # only once
