@@ -59,10 +59,10 @@ class PerforaConfig:
     and the other kind tried instead; growth ends when both fail in a row or both caps are
     reached: ``max_dendrites`` sets, ``max_neuron_steps`` neuron steps). 'auto' is the default
     because it measured best in ``benchmarks/quality.py``. Neuron growth runs in one process,
-    under DataParallel, DDP, FSDP2 and FSDP1 (the whole model gathered for the step; FSDP1:
-    random init only) and DeepSpeed ZeRO 0-2. Where neurons cannot grow (no wrapped layer
-    whose readers perfora finds, ``rule='correlation'``, DeepSpeed ZeRO-3), 'auto' grows
-    dendrites only and 'neurons' is refused. The compatibility shell keeps 'dendrites'
+    under DataParallel, DDP, FSDP2 and DeepSpeed ZeRO-3 (one layer pair gathered at a time),
+    FSDP1 (the whole model gathered for the step) and DeepSpeed ZeRO 0-2; FSDP1 and ZeRO-3
+    take random init only. Where neurons cannot grow (no wrapped layer whose readers perfora
+    finds, ``rule='correlation'``), 'auto' grows dendrites only and 'neurons' is refused. The compatibility shell keeps 'dendrites'
     (PerforatedAI's growth). See docs/neurons.md."""
     neuron_init: str = "random"
     """Incoming weights of new neurons: 'random' (the layer's own initialisation) or

@@ -63,21 +63,17 @@ def check_neuron_growth(model: nn.Module, backend: ParallelBackend, config: Perf
     where the backend cannot run it, saying why (before training starts). True when some
     layer can gain neurons (False: 'auto' grows dendrites only)."""
     growth = config.growth
-    if growth == "auto" and (config.rule != "gd" or (backend.owns_optimizer
-                                                     and backend.sharded)):
-        return False  # new neurons train by backprop; ZeRO-3 cannot re-partition a widening
-    if backend.owns_optimizer and backend.sharded:
-        raise ParallelError(
-            f"growth={growth!r} is not supported under DeepSpeed ZeRO-3: widening resizes a "
-            "layer and every layer that reads it, which perfora cannot re-partition yet; use "
-            "ZeRO stage 0-2, FSDP2 or DDP, or growth='dendrites'")
-    flat = backend.flat_shards
-    if flat and config.neuron_init == "gradmax":
+    if growth == "auto" and config.rule != "gd":
+        return False  # new neurons train by backprop
+    if config.neuron_init == "gradmax" and (backend.flat_shards or (backend.owns_optimizer
+                                                                     and backend.sharded)):
+        where = "FSDP1" if backend.flat_shards else "DeepSpeed ZeRO-3"
         raise ParallelError(
             f"growth={growth!r} with neuron_init={config.neuron_init!r} is not supported "
-            "under FSDP1: its flat shards hide the shapes the recorded error signal needs; "
-            "use neuron_init='random' (the default), or FSDP2")
-    inner = unwrap_model(backend.template if flat and backend.template is not None
+            f"under {where}: its flat partitions hide the shapes the recorded error signal "
+            "needs; use neuron_init='random' (the default), or FSDP2")
+    # a sharded model's structure-only copy holds the shapes (ZeRO-3's slices do not)
+    inner = unwrap_model(backend.template if backend.sharded and backend.template is not None
                          else model)
     if widening_targets(inner):
         return True

@@ -27,7 +27,15 @@ from ..distributed.fingerprint import check_same_structure
 from ..errors import ParallelError
 from ..nn.layers import dendritic_layers, unwrap_model
 from . import zero3
-from .base import LayerEdit, OptimizerState, Prepare, edit_in_place, restore_in_place
+from .base import (
+    LayerEdit,
+    OptimizerState,
+    PairScope,
+    Prepare,
+    T,
+    edit_in_place,
+    restore_in_place,
+)
 from .deepspeed_config import (
     check_config,
     check_model,
@@ -39,6 +47,7 @@ from .deepspeed_config import (
     zero_stage,
 )
 from .replicated import ReplicatedBackend
+from .zero3_widening import Zero3PairwiseWidening
 
 DEEPSPEED_KIND = "deepspeed"
 _SPEC_ATTR = "_perfora_wrapper_spec"
@@ -193,6 +202,19 @@ class DeepSpeedBackend(ReplicatedBackend):
         _drop_gradients(inner)
         self.spec.template = zero3.edit_layers(inner, self._template(), edit)
         return model
+
+    def widen(self, model: nn.Module, grow: Callable[[nn.Module, PairScope], T]
+              ) -> tuple[nn.Module, T]:
+        """ZeRO 0-2: in place. ZeRO-3: one layer pair gathered whole at a time, widened and
+        partitioned again before the next (a collective); the engine is rebuilt after."""
+        if not self.sharded:
+            return super().widen(model, grow)
+        inner = unwrap_model(model)
+        _drop_gradients(inner)
+        step = Zero3PairwiseWidening(inner, self._template())
+        result = grow(step.template, step.scope)
+        self.spec.template = step.template
+        return model, result
 
     def snapshot(self, model: nn.Module) -> dict[str, torch.Tensor]:
         """The full state (ZeRO 0-2); this rank's slices (ZeRO-3, no gather)."""

@@ -70,7 +70,7 @@ class PairwiseWidening:
         """The structure-only model with the modules of ``entry`` whole (a collective);
         on exit they are cut back to this rank's chunks and leave the structure again."""
         dtensor = _dtensor_type()
-        paths = [p for p in pair_paths(entry) if _is_module(self.template, p)]
+        paths = [p for p in pair_paths(entry) if is_module(self.template, p)]
         with torch.no_grad():
             for path in paths:
                 module = self.template.get_submodule(path)
@@ -82,7 +82,7 @@ class PairwiseWidening:
                     b.copy_(self._current(_join(path, name)))
         yield self.template
         for path in pair_paths(entry):
-            if not _is_module(self.template, path):
+            if not is_module(self.template, path):
                 continue
             module = self.template.get_submodule(path)
             _broadcast_parameters(module)
@@ -110,7 +110,7 @@ def _broadcast_parameters(module: nn.Module) -> None:
                 dist.broadcast(p.data, src=0)
 
 
-def _is_module(root: nn.Module, path: str) -> bool:
+def is_module(root: nn.Module, path: str) -> bool:
     """True when ``path`` names a submodule (a widening may pass a function attribute)."""
     try:
         return isinstance(root.get_submodule(path), nn.Module)

@@ -110,8 +110,15 @@ def _record_gathers() -> list[int]:
         sizes.append(sum(int(p.ds_numel) for p in params))
         return gathered(params)
 
+    recording.__wrapped__ = gathered  # type: ignore[attr-defined]
     zero3._gathered = recording
     return sizes
+
+
+def _stop_recording_gathers() -> None:
+    from perfora.parallel import zero3
+
+    zero3._gathered = getattr(zero3._gathered, "__wrapped__", zero3._gathered)
 
 
 def run_deepspeed(rank: int, stage: int, tmp: Path) -> dict:
@@ -245,13 +252,17 @@ def run_bf16(rank: int) -> dict:
             "dtypes": sorted({str(p.ds_tensor.dtype) for p in engine.module.parameters()})}
 
 
-def run_neurons(rank: int) -> dict:
-    """growth='neurons' under ZeRO-2: the widening keeps the output, a new engine takes the
-    widened module, the ranks stay identical; ZeRO-3 refuses it."""
-    engine = wrap(make_model(), 2)
+def run_neurons(rank: int, stage: int) -> dict:
+    """growth='neurons' under ZeRO ``stage``: the widening keeps the output, a new engine
+    takes the widened module, the ranks stay identical; ZeRO-3 gathers one layer pair at a
+    time and refuses GradMax."""
+    torch.manual_seed(0)
+    engine = wrap(perfora.perforate(nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 8),
+                                                  nn.Tanh(), nn.Linear(8, 3))), stage)
     ctl = perfora.GrowthController(engine, **{**settings(), "growth": "neurons",
                                               "max_neuron_steps": 2,
                                               "switch_mode": "every_epoch"})
+    sizes = _record_gathers() if stage == 3 else []
     exact, widths = [], []
     for epoch in range(3):
         engine.train()
@@ -269,14 +280,20 @@ def run_neurons(rank: int) -> dict:
             exact.append(bool(torch.equal(engine(probe()), before)))
         widths.append({p: layer.num_neurons
                        for p, layer in perfora.dendritic_layers(engine).items()})
+    _stop_recording_gathers()
     refused = None
-    try:
-        perfora.GrowthController(wrap(make_model(), 3), growth="neurons")
-    except perfora.PerforaError as exc:
-        refused = str(exc)
-    state = {k: v.detach().clone() for k, v in engine.module.state_dict().items()}
+    if stage == 3:
+        try:
+            perfora.GrowthController(wrap(make_model(), 3), growth="neurons",
+                                     neuron_init="gradmax")
+        except perfora.PerforaError as exc:
+            refused = str(exc)
+    state = ctl.backend.full_state(engine)
     return {"exact": exact, "widths": widths, "rank_diff": _rank_diff(state),
-            "refused": refused, "is_engine": type(engine).__name__}
+            "refused": refused, "is_engine": type(engine).__name__,
+            "largest_gather": max(sizes, default=0),
+            "model_size": sum(v.numel() for v in state.values()),
+            "shapes": {k: list(v.shape) for k, v in state.items()}}
 
 
 def scenarios(rank: int, world: int, tmp: str) -> dict:
@@ -284,7 +301,8 @@ def scenarios(rank: int, world: int, tmp: str) -> dict:
                       WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world))
     _no_shm_op()
     return {**{f"zero{stage}": run_deepspeed(rank, stage, Path(tmp)) for stage in STAGES},
-            "bf16": run_bf16(rank), "neurons": run_neurons(rank)}
+            "bf16": run_bf16(rank), "neurons": run_neurons(rank, 2),
+            "neurons_zero3": run_neurons(rank, 3)}
 
 
 @pytest.mark.timeout(120)
@@ -319,8 +337,15 @@ def test_zero3_zero2_zero0_growth_rewind_checkpoint(tmp_path: Path) -> None:
     # growth, the rewind and the checkpoint file gathered one layer at a time, never the model
     assert 0 < z3["largest_gather"] <= z3["largest_layer"] < z3["model_size"]
 
-    neurons = [r["neurons"] for r in results]
-    assert neurons[0]["widths"] == [{"0": 16, "2": 3}, {"0": 24, "2": 3}, {"0": 24, "2": 3}]
-    assert all(neurons[0]["exact"][:2]) and neurons[0]["is_engine"] == "DeepSpeedEngine"
-    assert {r["rank_diff"] for r in neurons} == {0.0}
-    assert "not supported under DeepSpeed ZeRO-3" in (neurons[0]["refused"] or "")
+    for kind in ("neurons", "neurons_zero3"):
+        neurons = [r[kind] for r in results]
+        assert neurons[0]["widths"] == [{"0": 16, "2": 16, "4": 3}, {"0": 24, "2": 24, "4": 3},
+                                        {"0": 24, "2": 24, "4": 3}], kind
+        assert all(neurons[0]["exact"][:2]) and neurons[0]["is_engine"] == "DeepSpeedEngine"
+        assert {r["rank_diff"] for r in neurons} == {0.0}
+    zero2, zero3 = results[0]["neurons"], results[0]["neurons_zero3"]
+    assert zero3["shapes"] == zero2["shapes"]  # the same widening, partitioned
+    # ZeRO-3 widened one layer pair at a time, never the whole model
+    assert 0 < zero3["largest_gather"] < zero3["model_size"]
+    assert "neuron_init='gradmax' is not supported under DeepSpeed ZeRO-3" in \
+        (zero3["refused"] or "")
