@@ -62,8 +62,8 @@ class PerforaConfig:
     under DataParallel, DDP, FSDP2 and DeepSpeed ZeRO-3 (one layer pair gathered at a time),
     FSDP1 (the whole model gathered for the step) and DeepSpeed ZeRO 0-2; FSDP1 and ZeRO-3
     take random init only. Where neurons cannot grow (no wrapped layer whose readers perfora
-    finds, ``rule='correlation'``), 'auto' grows dendrites only and 'neurons' is refused. The compatibility shell keeps 'dendrites'
-    (PerforatedAI's growth). See docs/neurons.md."""
+    finds, ``rule='correlation'``), 'auto' grows dendrites only and 'neurons' is refused.
+    The compatibility shell keeps 'dendrites' (PerforatedAI's growth). See docs/neurons.md."""
     neuron_init: str = "random"
     """Incoming weights of new neurons: 'random' (the layer's own initialisation) or
     'gradmax' (the directions that give their zero outgoing weights the largest gradient,

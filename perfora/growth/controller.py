@@ -25,7 +25,7 @@ from ..rules import make_rule
 from . import surgery
 from .compile_room import make_room_for_recompiles
 from .neuron_growth import arm_widening_signal, check_neuron_growth, grow_neurons
-from .optimizer_carry import capture, carry_into
+from .on_request import OnRequestMethods
 from .optimizer_slot import OptimizerMethods, OptimizerSlot
 from .persistence import CheckpointMethods
 from .placement import check_reported_model
@@ -39,7 +39,7 @@ from .usage import UsageWatch
 from .widening_signal import WideningSignal
 
 
-class GrowthController(OptimizerMethods, CheckpointMethods):
+class GrowthController(OnRequestMethods, OptimizerMethods, CheckpointMethods):
     """Decides, once per epoch, whether to keep training, add dendrites, or stop.
 
     ``model`` must already be perforated (see :func:`perfora.perforate`); it may be wrapped
@@ -185,9 +185,7 @@ class GrowthController(OptimizerMethods, CheckpointMethods):
         if kind is None:
             kind = self.state.auto_kind if self.config.growth == "auto" else self.config.growth
         if kind == "neurons":
-            carries = not (self.backend.flat_shards or self.backend.owns_optimizer)
-            carried = capture(self._slot.optimizer, self._slot.scheduler, self.model) \
-                if carries else None
+            self._slot.keep_for_widening(self.model, self.backend)
             model, step = self.backend.widen(self.model, lambda structure, scope: grow_neurons(
                 structure, self.config, self.state, self._signal, scope))
             added = step.describe()
@@ -196,10 +194,7 @@ class GrowthController(OptimizerMethods, CheckpointMethods):
             self._swap(model)
             self.rule.apply(self._layers())
             self._rebuild_after_change()
-            if self._slot.rebuildable:
-                carry_into(carried, self._slot.optimizer, self._slot.scheduler, self.model)
-            else:  # the user or the framework builds the next optimizer: carried into it
-                self._slot.pending_carry = carried
+            self._slot.carry_after_widening(self.model)
             self._usage.after_restructure(self._layers())
             make_room_for_recompiles(self.state.additions + 1)
             return added
@@ -299,44 +294,6 @@ class GrowthController(OptimizerMethods, CheckpointMethods):
                         optimizer=self.optimizer, scheduler=self.scheduler,
                         epoch=self.state.epoch, num_dendrites=self.state.num_dendrites,
                         phase=self.rule.phase)
-
-    def add_dendrites(self) -> Decision:
-        """Add one dendrite set now (without waiting for a plateau); rebuilds the optimizer."""
-        if self.state.completed:
-            raise OrderError("add_dendrites() after training completed")
-        added = self._grow()
-        self._writer.write_switch(self._parts(), self.checkpoint_path)
-        return self._decision(Action.RESTRUCTURE, "added on request"
-                              + (f" ({added})" if added else ""))
-
-    def add_neurons(self) -> Decision:
-        """Add one neuron step now (without waiting for a plateau), whatever ``growth``
-        says: every wrapped layer whose readers perfora finds gains ``neurons_per_step`` of
-        its starting width, exactly; rebuilds the optimizer (its moments carried on).
-        PerforationError/ParallelError, before anything changes, where no layer can gain
-        neurons or the backend cannot widen."""
-        if self.state.completed:
-            raise OrderError("add_neurons() after training completed")
-        check_neuron_growth(self.model, self.backend, self.config.replace(growth="neurons"))
-        added = self._grow("neurons")
-        self._writer.write_switch(self._parts(), self.checkpoint_path)
-        return self._decision(Action.RESTRUCTURE, f"added on request ({added})")
-
-    def restore_best(self) -> nn.Module:
-        """Give the model the best snapshot's structure and weights now; returns the model to
-        use from then on (a new DDP/DataParallel wrapper where the structure changed).
-
-        Completion does this itself; call it when your loop ends first (its epoch or step
-        budget ran out), in a native loop, Lightning or elsewhere, so the run ends with its
-        best model, not its last. The optimizer it manages is rebuilt over the restored
-        model. Under torch.distributed every rank must call it. OrderError before any score
-        was reported (there is no best model yet)."""
-        if self._best is None:
-            raise OrderError("restore_best() before any score was reported: there is no best "
-                             "model yet; call step(score) once per evaluation first")
-        self._rewind_to_best()
-        self._rebuild_after_change()
-        return self.model
 
     def finish(self) -> None:
         """Write the summary tables and graph now (also done at restructures and the end)."""

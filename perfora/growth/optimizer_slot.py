@@ -18,7 +18,7 @@ from ..errors import OrderError
 from ..nn.layers import unwrap_model
 from ..parallel.base import ParallelBackend
 from .optim import OptimizerRecipe, SchedulerRecipe, check_plateau_mode, current_lr, step_scheduler
-from .optimizer_carry import carry_into
+from .optimizer_carry import capture, carry_into
 
 
 class OptimizerSlot:
@@ -93,6 +93,19 @@ class OptimizerSlot:
         elif self.user_owned:
             self.optimizer = self.scheduler = None
             self.awaiting_instance = True
+
+    def keep_for_widening(self, model: nn.Module, backend: ParallelBackend) -> None:
+        """Before a neuron step: keep the optimizer's state by parameter name (not where
+        flat shards hide the shapes, nor an engine's own optimizer)."""
+        carries = not (backend.flat_shards or backend.owns_optimizer)
+        self.pending_carry = capture(self.optimizer, self.scheduler, model) if carries else None
+
+    def carry_after_widening(self, model: nn.Module) -> None:
+        """After a neuron step: the rebuilt optimizer takes what was kept; an optimizer
+        the user or a framework builds takes it when handed over (``pending_carry``)."""
+        if self.rebuildable:
+            carried, self.pending_carry = self.pending_carry, None
+            carry_into(carried, self.optimizer, self.scheduler, model)
 
     def lr(self) -> float | None:
         """The current learning rate (None without an optimizer)."""
