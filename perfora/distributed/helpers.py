@@ -10,6 +10,7 @@ from typing import Any
 import torch.distributed as dist
 
 from .collectives import is_rank_zero
+from .exit_settle import settle_at_exit
 
 
 def init_from_env(backend: str | None = None, timeout_s: float = 600.0) -> tuple[int, int, int]:
@@ -33,6 +34,7 @@ def init_from_env(backend: str | None = None, timeout_s: float = 600.0) -> tuple
 
             backend = "nccl" if torch.cuda.is_available() else "gloo"
         dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+    settle_at_exit()
     return dist.get_rank(), dist.get_world_size(), int(env.get("LOCAL_RANK", 0))
 
 

@@ -18,6 +18,8 @@ import torch
 from torch import nn
 
 from ..config import PerforaConfig
+from ..distributed.collectives import is_distributed
+from ..distributed.exit_settle import settle_at_exit
 from ..errors import OrderError, PerforationError
 from ..nn.layers import dendritic_layers
 from ..parallel import ParallelBackend, backend_of
@@ -60,6 +62,8 @@ class GrowthController(OnRequestMethods, OptimizerMethods, CheckpointMethods):
         self.config = config
         self.model = model
         self.backend: ParallelBackend = backend_of(model)
+        if is_distributed():
+            settle_at_exit()  # gloo's worker threads finish their work before Python ends
         self._retired: weakref.WeakSet[nn.Module] = weakref.WeakSet()  # replaced DDP wrappers
         layers = dendritic_layers(model)
         if not layers:

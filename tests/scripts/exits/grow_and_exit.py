@@ -4,9 +4,7 @@
 loads that run into a freshly built model and trains a step. ``load`` ends the way a user's
 script does, with ``barrier()`` and ``destroy_process_group()``, written at module level
 (the model and the controller live until the interpreter exits), and the process must exit
-0: no ``os._exit``. ``grow`` only prepares the run that the loads read: it leaves with
-``os._exit(0)`` after the same ending, since an abort at its exit (rare, still unexplained:
-docs/distributed.md, "Ending a job") is not what the loads measure.
+0: no ``os._exit``. ``grow`` prepares the run that the loads read and ends the same way.
 
 Run: ``torchrun --nproc_per_node 3 grow_and_exit.py {grow,load} RUN_DIR
 [--ddp]``.
@@ -17,7 +15,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 from pathlib import Path
 
 import torch
@@ -67,5 +64,3 @@ if rank == 0:
         json.dumps({"dendrites": ctl.num_dendrites}))
 dist.barrier()
 dist.destroy_process_group()
-if args.mode == "grow":
-    os._exit(0)
