@@ -42,7 +42,6 @@ from ..errors import CheckpointError, ConfigError, ShapeMismatchError
 from ..nn.layers import unwrap_model
 from ..nn.perforation import fit_structure
 from ..parallel.base import ParallelBackend, optimizer_is_current
-from ..parallel.sharded_state import FSDP1_KIND
 from .optim import OptimizerRecipe, SchedulerRecipe
 from .rehearsal import rehearse_rule
 from .saved_run import Captured, Checkpointer, RunParts, SavedRun, check_run_state
@@ -178,10 +177,9 @@ def _check_backend(backend: ParallelBackend, config: PerforaConfig) -> None:
 
 def _saves_optimizer(parts: RunParts) -> bool:
     """Whether the optimizer state goes into the checkpoint: an optimizer that holds state
-    for the model's current parameters (FSDP1 keeps flat slices: not saved, as in files)."""
+    for the model's current parameters."""
     opt = parts.slot.optimizer
-    return (opt is not None and bool(opt.state) and parts.backend.name != FSDP1_KIND
-            and optimizer_is_current(opt, parts.model))
+    return opt is not None and bool(opt.state) and optimizer_is_current(opt, parts.model)
 
 
 def _state_module(model: nn.Module, backend: ParallelBackend) -> nn.Module:

@@ -8,9 +8,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..checkpoint.format import to_storable
+from ..checkpoint.optimizer_state import split_state_dict
 from ..errors import ParallelError
 from ..nn.layers import dendritic_layers, unwrap_model
-from .base import OptimizerState
+from .base import OptimizerState, optimizer_is_current
+from .fsdp1_optim import full_optimizer_state, load_full_optimizer_state
 from .sharded import ShardedBackend
 from .sharded_state import FSDP1_KIND, ShardSpec, is_fsdp1, is_fsdp2
 
@@ -39,7 +42,8 @@ class FSDP1Spec(ShardSpec):
 
 
 class FSDP1Backend(ShardedBackend):
-    """FSDP1: flat slices per parameter, so the optimizer state is not saved."""
+    """FSDP1: flat slices per parameter; the optimizer state is saved and loaded whole, by
+    parameter name, through torch's full optimizer state dict."""
 
     name = FSDP1_KIND
     flat_shards = True
@@ -53,8 +57,20 @@ class FSDP1Backend(ShardedBackend):
 
     def optimizer_state(self, optimizer: torch.optim.Optimizer, model: nn.Module
                         ) -> OptimizerState | None:
-        """None: FSDP1 keeps flat slices, the optimizer state is not saved."""
-        return None
+        """Whole tensors by parameter name (a collective); None when stale."""
+        if not optimizer_is_current(optimizer, model):
+            return None
+        sd, names = full_optimizer_state(optimizer, model)
+        tensors, meta = split_state_dict(sd)
+        return to_storable(tensors), {**meta, "param_names": names}
+
+    def load_optimizer_state(self, optimizer: torch.optim.Optimizer, model: nn.Module,
+                             saved: dict[str, Any], meta: dict[str, Any]) -> None:
+        """Whole tensors by name, cut to this rank's slices and loaded (a collective)."""
+        names = meta.get("param_names")
+        if not names:
+            raise ValueError("the saved optimizer state has no parameter names")
+        load_full_optimizer_state(optimizer, model, saved, list(names))
 
 
 def wrap_fsdp1(model: nn.Module, **fsdp_kwargs: Any) -> nn.Module:

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
 import perfora
 from perfora.checkpoint.dcp import META_FILE, old_path
@@ -29,7 +30,7 @@ from tests.support.ranks import run_world
 
 pytestmark = pytest.mark.xdist_group("dcp")
 
-KINDS = ("ddp", "fsdp2")
+KINDS = ("ddp", "fsdp2", "fsdp1")
 SCORES = [0.5, 0.6, 0.7, 0.8, 0.9, 1.0]
 SAVE_AT = 3  # epochs reported before the mid-cycle save (growth at epochs 2, 4, 6)
 SETTINGS = {"switch_mode": "fixed", "fixed_switch_num": 2, "max_dendrites": 3,
@@ -55,11 +56,14 @@ def train_epoch(model: nn.Module, opt: torch.optim.Optimizer, epoch: int) -> Non
 
 
 def wrap(model: nn.Module, kind: str, world: int) -> nn.Module:
-    """The model as the run trains it: DDP, FSDP2 over every rank, or bare (one process)."""
+    """The model as the run trains it: DDP, FSDP2 or FSDP1 over every rank, or bare (one
+    process)."""
     if world == 1:
         return model
     if kind == "ddp":
         return perfora.parallel.wrap_ddp(model)
+    if kind == "fsdp1":
+        return perfora.parallel.wrap_fsdp1(model, device_id=torch.device("cpu"))
     from torch.distributed.device_mesh import init_device_mesh
 
     return perfora.parallel.shard_fsdp2(model, mesh=init_device_mesh("cpu", (world,)))
@@ -70,7 +74,12 @@ def snapshot(ctl: perfora.GrowthController) -> dict:
     model, opt = ctl.model, ctl.optimizer
     inner = perfora.unwrap_model(model)
     optim = {}
-    if opt is not None and opt.state:
+    if opt is not None and opt.state and ctl.backend.name == "fsdp1":  # flat shards
+        full = get_optimizer_state_dict(model, opt, options=StateDictOptions(
+            full_state_dict=True))
+        optim = {name: {k: torch.as_tensor(v).tolist() for k, v in sorted(entry.items())}
+                 for name, entry in full["state"].items()}
+    elif opt is not None and opt.state:
         sd, names = gather_optimizer_state(opt, inner)
         optim = {names[i]: {k: v.tolist() for k, v in entry.items()}
                  for i, entry in sd["state"].items()}
