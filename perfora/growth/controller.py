@@ -198,7 +198,7 @@ class GrowthController(OnRequestMethods, OptimizerMethods, CheckpointMethods):
             self._swap(model)
             self.rule.apply(self._layers())
             self._rebuild_after_change()
-            self._slot.carry_after_widening(self.model)
+            self._slot.carry_after_widening(self.model, self.backend)
             self._usage.after_restructure(self._layers())
             make_room_for_recompiles(self.state.additions + 1)
             return added

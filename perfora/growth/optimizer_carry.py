@@ -7,7 +7,10 @@ puts them into the optimizer rebuilt over the widened model: each moment (a tens
 its parameter) is copied into the leading slice of a zero tensor of the new shape, scalars
 such as Adam's ``step`` as they are. New entries start at zero, as a fresh optimizer's would.
 Under FSDP2 each moment is a shard: a widened parameter's moment is gathered whole (a
-collective, in name order on every rank), grown, and cut to the new parameter's shard.
+collective, in name order on every rank), grown, and cut to the new parameter's shard. Under
+FSDP1, whose moments are flat slices, :func:`capture_whole` keeps the whole state (the
+backend's full optimizer state, a collective) and :func:`carry_whole_into` grows it against
+the re-sharded template's shapes and loads it through the backend.
 """
 
 from __future__ import annotations
@@ -18,8 +21,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..checkpoint.optimizer_state import join_optimizer_state
 from ..nn.layers import unwrap_model
-from ..parallel.sharded_state import local_shard
+from ..parallel.base import ParallelBackend
+from ..parallel.sharded_state import local_shard, optimizer_param_names
 
 _INTERLEAVED = ("bank_weight", "bank_bias")
 """Dendrite bank rows are grouped per set, so new neurons' rows are not appended at the end."""
@@ -49,11 +54,7 @@ def capture(optimizer: torch.optim.Optimizer | None, scheduler: Any,
             if name is not None and optimizer.state.get(p):
                 states[name] = dict(optimizer.state[p])
                 shapes[name] = p.shape
-    lrs = [{key: group[key] for key in ("lr", "initial_lr") if key in group}
-           for group in optimizer.param_groups]
-    sched = scheduler.state_dict() if scheduler is not None and hasattr(scheduler,
-                                                                        "state_dict") else None
-    return CarriedOptimizer(states, shapes, lrs, sched)
+    return CarriedOptimizer(states, shapes, _group_lrs(optimizer), _scheduler_state(scheduler))
 
 
 def _grown(value: torch.Tensor, old: torch.Size, param: torch.Tensor) -> torch.Tensor | None:
@@ -76,6 +77,71 @@ def _grown_shard(value: torch.Tensor, old: torch.Size, param: torch.Tensor
     if grown is None or not hasattr(param, "device_mesh"):
         return grown
     return local_shard(grown, param)
+
+
+def _group_lrs(optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
+    return [{key: group[key] for key in ("lr", "initial_lr") if key in group}
+            for group in optimizer.param_groups]
+
+
+def _scheduler_state(scheduler: Any) -> dict[str, Any] | None:
+    return scheduler.state_dict() if scheduler is not None and hasattr(
+        scheduler, "state_dict") else None
+
+
+def capture_whole(optimizer: torch.optim.Optimizer | None, scheduler: Any, model: nn.Module,
+                  backend: ParallelBackend) -> CarriedOptimizer | None:
+    """:func:`capture` where the moments are flat slices (FSDP1): the backend's whole
+    optimizer state by parameter name (a collective); None without one."""
+    kept = None if optimizer is None else backend.optimizer_state(optimizer, model)
+    if kept is None:
+        return None
+    tensors, meta = kept
+    state = join_optimizer_state(tensors, meta)["state"]
+    names = meta["param_names"]
+    states, shapes = {}, {}
+    for index, entry in state.items():
+        moments = [v for v in entry.values() if isinstance(v, torch.Tensor) and v.dim() > 0]
+        if moments:
+            states[names[index]], shapes[names[index]] = dict(entry), moments[0].shape
+    return CarriedOptimizer(states, shapes, _group_lrs(optimizer), _scheduler_state(scheduler))
+
+
+def carry_whole_into(carried: CarriedOptimizer | None, optimizer: torch.optim.Optimizer | None,
+                     scheduler: Any, model: nn.Module, backend: ParallelBackend) -> None:
+    """:func:`carry_into` for :func:`capture_whole`: each kept moment grown to its parameter's
+    whole new shape (read from the backend's template), then loaded through the backend, which
+    cuts it to this rank's slices (a collective)."""
+    template = backend.template
+    if carried is None or optimizer is None or template is None:
+        return
+    shapes = {name: p.shape for name, p in template.named_parameters()}
+    names = optimizer_param_names(optimizer, unwrap_model(model))
+    state: dict[int, dict[str, Any]] = {}
+    for index, name in enumerate(names):
+        saved, old, new = carried.states.get(name), carried.shapes.get(name), shapes.get(name)
+        if saved is None or new is None or (new != old and name.rsplit(".", 1)[-1]
+                                            in _INTERLEAVED):
+            continue
+        target = torch.empty(new, device="meta")
+        entry = {key: (value if new == old else _grown(value, old, target))
+                 if isinstance(value, torch.Tensor) and value.dim() > 0 else value
+                 for key, value in saved.items()}
+        if all(value is not None for value in entry.values()):
+            state[index] = entry
+    if len(carried.group_lrs) == len(optimizer.param_groups):
+        for group, lrs in zip(optimizer.param_groups, carried.group_lrs, strict=True):
+            group.update(lrs)
+    start, groups = 0, []
+    for group in optimizer.param_groups:
+        count = len(group["params"])
+        groups.append({**{k: v for k, v in group.items() if k != "params"},
+                       "params": list(range(start, start + count))})
+        start += count
+    backend.load_optimizer_state(optimizer, model, {"state": state, "param_groups": groups},
+                                 {"param_names": names})
+    if scheduler is not None and carried.scheduler is not None:
+        scheduler.load_state_dict(carried.scheduler)
 
 
 def carry_into(carried: CarriedOptimizer | None, optimizer: torch.optim.Optimizer | None,

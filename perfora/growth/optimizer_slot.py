@@ -18,7 +18,7 @@ from ..errors import OrderError
 from ..nn.layers import unwrap_model
 from ..parallel.base import ParallelBackend
 from .optim import OptimizerRecipe, SchedulerRecipe, check_plateau_mode, current_lr, step_scheduler
-from .optimizer_carry import capture, carry_into
+from .optimizer_carry import capture, capture_whole, carry_into, carry_whole_into
 
 
 class OptimizerSlot:
@@ -36,6 +36,8 @@ class OptimizerSlot:
         """What a neuron step kept of an optimizer perfora does not rebuild (the user's, a
         framework's): carried into the next one registered or handed to
         ``carry_optimizer_state``, until the next score."""
+        self.whole_carry = False
+        """True when ``pending_carry`` holds whole tensors to load through the backend."""
 
     def set_recipe(self, cls: type[torch.optim.Optimizer], kwargs: dict[str, Any]) -> None:
         """Register the optimizer class and arguments; rebuilt after every restructure."""
@@ -95,17 +97,26 @@ class OptimizerSlot:
             self.awaiting_instance = True
 
     def keep_for_widening(self, model: nn.Module, backend: ParallelBackend) -> None:
-        """Before a neuron step: keep the optimizer's state by parameter name (not where
-        flat shards hide the shapes, nor an engine's own optimizer)."""
-        carries = not (backend.flat_shards or backend.owns_optimizer)
-        self.pending_carry = capture(self.optimizer, self.scheduler, model) if carries else None
+        """Before a neuron step: keep the optimizer's state by parameter name (not an
+        engine's own optimizer). Where flat shards hide the shapes (FSDP1) it is gathered
+        whole (a collective)."""
+        self.whole_carry = backend.flat_shards
+        if backend.owns_optimizer:
+            self.pending_carry = None
+        elif backend.flat_shards:
+            self.pending_carry = capture_whole(self.optimizer, self.scheduler, model, backend)
+        else:
+            self.pending_carry = capture(self.optimizer, self.scheduler, model)
 
-    def carry_after_widening(self, model: nn.Module) -> None:
+    def carry_after_widening(self, model: nn.Module, backend: ParallelBackend) -> None:
         """After a neuron step: the rebuilt optimizer takes what was kept; an optimizer
         the user or a framework builds takes it when handed over (``pending_carry``)."""
         if self.rebuildable:
             carried, self.pending_carry = self.pending_carry, None
-            carry_into(carried, self.optimizer, self.scheduler, model)
+            if self.whole_carry:
+                carry_whole_into(carried, self.optimizer, self.scheduler, model, backend)
+            else:
+                carry_into(carried, self.optimizer, self.scheduler, model)
 
     def lr(self) -> float | None:
         """The current learning rate (None without an optimizer)."""
@@ -180,11 +191,15 @@ class OptimizerMethods:
         a framework's) the old optimizer's moments in the old slices of each parameter, zeros
         in the new ones, and the old learning rates (and ``scheduler`` the old scheduler's
         state, where perfora held one). The integrations call it; True when something was
-        carried (nothing after other restructures). Under FSDP2 call it on every rank."""
+        carried (nothing after other restructures). Under FSDP2 and FSDP1 call it on every
+        rank."""
         carried, self._slot.pending_carry = self._slot.pending_carry, None
         if carried is None:
             return False
-        carry_into(carried, optimizer, scheduler, self.model)
+        if self._slot.whole_carry:
+            carry_whole_into(carried, optimizer, scheduler, self.model, self.backend)
+        else:
+            carry_into(carried, optimizer, scheduler, self.model)
         return bool(carried.states)
 
     def hand_over_optimizer(self, optimizer: torch.optim.Optimizer | None) -> None:

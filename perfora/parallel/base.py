@@ -53,7 +53,8 @@ class ParallelBackend(ABC):
     @property
     def flat_shards(self) -> bool:
         """Each rank holds flat slices that hide the parameters' shapes (FSDP1): no
-        per-row signal, no optimizer moments to carry through a widening."""
+        per-row signal, and the optimizer's moments go through a widening whole (gathered by
+        parameter name through :meth:`optimizer_state`)."""
         return False
 
     @property

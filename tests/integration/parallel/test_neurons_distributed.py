@@ -254,3 +254,64 @@ def test_fsdp2_widens_one_layer_pair_at_a_time_exactly(tmp_path):
         assert r["stats_kept"] and r["new_stats"] == [0.0] * 5
     assert r0["carried"] and r1["carried"]  # Adam's moments in the old slices, zeros after
     assert r0["moved"] and r0["params"] == r1["params"]
+
+
+def widen_fsdp1_with_adam(rank: int, tmp: Path) -> dict:
+    """A neuron step under FSDP1: Adam's moments (flat slices per rank) are gathered whole,
+    grown, and cut to the widened model's slices."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    from perfora.parallel import wrap_fsdp1
+
+    torch.manual_seed(0)
+    base = perfora.perforate(nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 4),
+                                           nn.Tanh(), nn.Linear(4, 3)))
+    model = wrap_fsdp1(base, device_id=torch.device("cpu"))
+    ctl = perfora.GrowthController(model, growth="neurons", switch_mode="every_epoch",
+                                   max_neuron_steps=1, write_files=False)
+    ctl.set_optimizer(torch.optim.Adam, lr=0.01)
+    opt, _ = ctl.build_optimizer()
+    gen = torch.Generator().manual_seed(rank)
+
+    def train() -> None:
+        for _ in range(3):
+            x = torch.randn(32, 6, generator=gen)
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(x), (x[:, 2 * rank] > 0).long()).backward()
+            opt.step()
+
+    def moments() -> dict[str, dict[str, torch.Tensor]]:
+        full = get_optimizer_state_dict(model, opt, options=StateDictOptions(
+            full_state_dict=True))
+        return {name: {k: torch.as_tensor(v).clone() for k, v in entry.items()}
+                for name, entry in full["state"].items()}
+
+    train()
+    before = moments()
+    decision = ctl.step(0.5)
+    model, opt = decision.model, decision.optimizer
+    after = moments()
+    w0, w2 = "0.base.weight", "2.base.weight"
+    carried = {
+        "shapes": [list(after[w0]["exp_avg"].shape), list(after[w2]["exp_avg"].shape)],
+        "old_slices": all(torch.equal(after[n][k][tuple(slice(0, s) for s in before[n][k].shape)],
+                                      before[n][k])
+                          for n in (w0, w2) for k in ("exp_avg", "exp_avg_sq")),
+        "new_zero": not after[w0]["exp_avg"][5:].any() and not after[w2]["exp_avg"][4:].any()
+        and not after[w2]["exp_avg"][:, 5:].any(),
+        "steps": [float(after[w0]["step"]), float(before[w0]["step"])]}
+    train()  # and the widened model trains on with them
+    full = {k: v.tolist() for k, v in ctl.backend.full_state(model).items()}
+    return {"reason": decision.reason, "carried": carried, "full": full}
+
+
+@pytest.mark.timeout(150)
+def test_fsdp1_neuron_step_carries_adam_moments_into_the_widened_slices(tmp_path):
+    r0, r1 = run_in_folder(widen_fsdp1_with_adam, tmp_path, WORLD, join_s=120)
+    assert r0["reason"].startswith("plateau: added neuron step 1")
+    for r in (r0, r1):
+        carried = r["carried"]
+        assert carried["shapes"] == [[10, 6], [8, 10]]  # widened: +5 rows, +4 rows, +5 cols
+        assert carried["old_slices"] and carried["new_zero"]
+        assert carried["steps"][0] == carried["steps"][1] == 3.0  # the step count goes on
+    assert r0["full"] == r1["full"]  # ranks identical after training on
