@@ -256,9 +256,10 @@ def test_fsdp2_widens_one_layer_pair_at_a_time_exactly(tmp_path):
     assert r0["moved"] and r0["params"] == r1["params"]
 
 
-def widen_fsdp1_with_adam(rank: int, tmp: Path) -> dict:
+def widen_fsdp1_with_adam(rank: int, tmp: Path, own: bool) -> dict:
     """A neuron step under FSDP1: Adam's moments (flat slices per rank) are gathered whole,
-    grown, and cut to the widened model's slices."""
+    grown, and cut to the widened model's slices; in the optimizer perfora rebuilds, or
+    (``own``) in the one the user builds and registers."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
     from perfora.parallel import wrap_fsdp1
@@ -269,8 +270,12 @@ def widen_fsdp1_with_adam(rank: int, tmp: Path) -> dict:
     model = wrap_fsdp1(base, device_id=torch.device("cpu"))
     ctl = perfora.GrowthController(model, growth="neurons", switch_mode="every_epoch",
                                    max_neuron_steps=1, write_files=False)
-    ctl.set_optimizer(torch.optim.Adam, lr=0.01)
-    opt, _ = ctl.build_optimizer()
+    if own:
+        opt = torch.optim.Adam(model.parameters(), lr=0.01)
+        ctl.set_optimizer_instance(opt)
+    else:
+        ctl.set_optimizer(torch.optim.Adam, lr=0.01)
+        opt, _ = ctl.build_optimizer()
     gen = torch.Generator().manual_seed(rank)
 
     def train() -> None:
@@ -290,6 +295,9 @@ def widen_fsdp1_with_adam(rank: int, tmp: Path) -> dict:
     before = moments()
     decision = ctl.step(0.5)
     model, opt = decision.model, decision.optimizer
+    if own:
+        opt = torch.optim.Adam(model.parameters(), lr=0.01)
+        ctl.set_optimizer_instance(opt)  # takes the kept moments (on every rank)
     after = moments()
     w0, w2 = "0.base.weight", "2.base.weight"
     carried = {
@@ -306,8 +314,9 @@ def widen_fsdp1_with_adam(rank: int, tmp: Path) -> dict:
 
 
 @pytest.mark.timeout(150)
-def test_fsdp1_neuron_step_carries_adam_moments_into_the_widened_slices(tmp_path):
-    r0, r1 = run_in_folder(widen_fsdp1_with_adam, tmp_path, WORLD, join_s=120)
+@pytest.mark.parametrize("own", [False, True], ids=["perfora_builds", "user_builds"])
+def test_fsdp1_neuron_step_carries_adam_moments_into_the_widened_slices(tmp_path, own):
+    r0, r1 = run_in_folder(widen_fsdp1_with_adam, tmp_path, WORLD, own, join_s=120)
     assert r0["reason"].startswith("plateau: added neuron step 1")
     for r in (r0, r1):
         carried = r["carried"]
