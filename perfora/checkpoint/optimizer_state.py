@@ -40,3 +40,15 @@ def join_optimizer_state(tensors: Mapping[str, torch.Tensor], meta: Mapping) -> 
         groups.append({k: (tuple(v) if isinstance(v, list) and k != "params" else v)
                        for k, v in group.items()})
     return {"state": state, "param_groups": groups}
+
+
+def number_param_groups(groups: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Param groups with each group's ``params`` replaced by consecutive indices, as an
+    optimizer's ``state_dict`` numbers them (the order of the groups, then of their params)."""
+    numbered, start = [], 0
+    for group in groups:
+        count = len(group["params"])
+        numbered.append({**{k: v for k, v in group.items() if k != "params"},
+                         "params": list(range(start, start + count))})
+        start += count
+    return numbered

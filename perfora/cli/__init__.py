@@ -13,7 +13,7 @@ from ..errors import PerforaError
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from .demo import format_table, run_demo
+    from .demo import format_table, run_demo, run_files_line
 
     if args.out:
         try:  # a clear usage error now, not a traceback once the first arm has trained
@@ -33,8 +33,7 @@ def _demo(args: argparse.Namespace) -> int:
         print()
         print(format_table(result))
         if args.out:
-            print(f"\nrun files (metrics.csv, best_arch_scores.csv, history.png, checkpoints) "
-                  f"in {args.out}/baseline, {args.out}/dendrites and {args.out}/wider")
+            print("\n" + run_files_line(result, args.out))
     return 0
 
 

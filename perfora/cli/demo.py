@@ -154,6 +154,13 @@ def run_demo(*, seed: int = 0, out: str | Path | None = "perfora_runs/demo", hid
             "arms": [asdict(r) for r in results]}
 
 
+def run_files_line(result: dict[str, Any], out: str | Path) -> str:
+    """Where each arm's run files are (one folder per arm, named after it)."""
+    folders = [f"{Path(out) / a['name']}" for a in result["arms"]]
+    return (f"run files (metrics.csv, best_arch_scores.csv, history.png, checkpoints) in "
+            f"{', '.join(folders[:-1])} and {folders[-1]}")
+
+
 def format_table(result: dict[str, Any]) -> str:
     """The demo's results as a plain-text table, and the verdict against the wider arm."""
     head = f"{'arm':<10} {'params':>7} {'hidden':>6} {'dendrites':>9} {'test acc':>9} " \

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..checkpoint.optimizer_state import join_optimizer_state
+from ..checkpoint.optimizer_state import join_optimizer_state, number_param_groups
 from ..nn.layers import unwrap_model
 from ..parallel.base import ParallelBackend
 from ..parallel.sharded_state import local_shard, optimizer_param_names
@@ -117,31 +117,17 @@ def carry_whole_into(carried: CarriedOptimizer | None, optimizer: torch.optim.Op
         return
     shapes = {name: p.shape for name, p in template.named_parameters()}
     names = optimizer_param_names(optimizer, unwrap_model(model))
-    state: dict[int, dict[str, Any]] = {}
+    state = {}
     for index, name in enumerate(names):
-        saved, old, new = carried.states.get(name), carried.shapes.get(name), shapes.get(name)
-        if saved is None or new is None or (new != old and name.rsplit(".", 1)[-1]
-                                            in _INTERLEAVED):
-            continue
-        target = torch.empty(new, device="meta")
-        entry = {key: (value if new == old else _grown(value, old, target))
-                 if isinstance(value, torch.Tensor) and value.dim() > 0 else value
-                 for key, value in saved.items()}
-        if all(value is not None for value in entry.values()):
-            state[index] = entry
-    if len(carried.group_lrs) == len(optimizer.param_groups):
-        for group, lrs in zip(optimizer.param_groups, carried.group_lrs, strict=True):
-            group.update(lrs)
-    start, groups = 0, []
-    for group in optimizer.param_groups:
-        count = len(group["params"])
-        groups.append({**{k: v for k, v in group.items() if k != "params"},
-                       "params": list(range(start, start + count))})
-        start += count
-    backend.load_optimizer_state(optimizer, model, {"state": state, "param_groups": groups},
-                                 {"param_names": names})
-    if scheduler is not None and carried.scheduler is not None:
-        scheduler.load_state_dict(carried.scheduler)
+        if name in carried.states and name in shapes:
+            entry = _grown_state(name, carried, torch.empty(shapes[name], device="meta"),
+                                 _grown)
+            if entry:
+                state[index] = entry
+    _continue_schedule(carried, optimizer, scheduler)
+    backend.load_optimizer_state(
+        optimizer, model, {"state": state, "param_groups": number_param_groups(
+            optimizer.param_groups)}, {"param_names": names})
 
 
 def carry_into(carried: CarriedOptimizer | None, optimizer: torch.optim.Optimizer | None,
@@ -151,25 +137,35 @@ def carry_into(carried: CarriedOptimizer | None, optimizer: torch.optim.Optimize
         return
     params = dict(unwrap_model(model).named_parameters())
     for name in sorted(carried.states):  # the same order on every rank (FSDP2 gathers)
-        saved = carried.states[name]
         param = params.get(name)
-        if param is None:
-            continue
-        old = carried.shapes[name]
-        if param.shape != old and name.rsplit(".", 1)[-1] in _INTERLEAVED:
-            continue
-        state: dict[str, Any] = {}
-        for key, value in saved.items():
-            if isinstance(value, torch.Tensor) and value.dim() > 0:
-                grown = value if param.shape == old else _grown_shard(value, old, param)
-                if grown is None:
-                    state = {}
-                    break
-                state[key] = grown
-            else:
-                state[key] = value
-        if state:
-            optimizer.state[param] = state
+        entry = {} if param is None else _grown_state(name, carried, param, _grown_shard)
+        if entry:
+            optimizer.state[param] = entry
+    _continue_schedule(carried, optimizer, scheduler)
+
+
+def _grown_state(name: str, carried: CarriedOptimizer, param: torch.Tensor,
+                 grow: Any) -> dict[str, Any]:
+    """The kept state of ``name`` fitted to ``param``'s shape: moments grown with
+    ``grow(value, old_shape, param)``, scalars as they are; empty where it cannot be."""
+    old = carried.shapes[name]
+    if param.shape != old and name.rsplit(".", 1)[-1] in _INTERLEAVED:
+        return {}
+    state: dict[str, Any] = {}
+    for key, value in carried.states[name].items():
+        if isinstance(value, torch.Tensor) and value.dim() > 0:
+            grown = value if param.shape == old else grow(value, old, param)
+            if grown is None:
+                return {}
+            state[key] = grown
+        else:
+            state[key] = value
+    return state
+
+
+def _continue_schedule(carried: CarriedOptimizer, optimizer: torch.optim.Optimizer,
+                       scheduler: Any) -> None:
+    """Each group's kept learning rate, and the scheduler's kept state."""
     if len(carried.group_lrs) == len(optimizer.param_groups):
         for group, lrs in zip(optimizer.param_groups, carried.group_lrs, strict=True):
             group.update(lrs)

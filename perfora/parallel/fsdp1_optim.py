@@ -15,6 +15,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..checkpoint.optimizer_state import number_param_groups
+
 
 def full_optimizer_state(optimizer: torch.optim.Optimizer, model: nn.Module
                          ) -> tuple[dict[str, Any], list[str]]:
@@ -25,13 +27,8 @@ def full_optimizer_state(optimizer: torch.optim.Optimizer, model: nn.Module
                                     options=StateDictOptions(full_state_dict=True))
     names = [name for group in full["param_groups"] for name in group["params"]]
     index = {name: i for i, name in enumerate(names)}
-    groups, start = [], 0
-    for group in full["param_groups"]:
-        count = len(group["params"])
-        groups.append({**group, "params": list(range(start, start + count))})
-        start += count
     state = {index[name]: dict(entry) for name, entry in full["state"].items()}
-    return {"state": state, "param_groups": groups}, names
+    return {"state": state, "param_groups": number_param_groups(full["param_groups"])}, names
 
 
 def load_full_optimizer_state(optimizer: torch.optim.Optimizer, model: nn.Module,
@@ -43,5 +40,8 @@ def load_full_optimizer_state(optimizer: torch.optim.Optimizer, model: nn.Module
     full = {"state": {names[int(i)]: entry for i, entry in saved["state"].items()},
             "param_groups": [{**group, "params": [names[int(i)] for i in group["params"]]}
                              for group in saved["param_groups"]]}
-    set_optimizer_state_dict(model, optimizer, full,
-                             options=StateDictOptions(full_state_dict=True))
+    try:
+        set_optimizer_state_dict(model, optimizer, full,
+                                 options=StateDictOptions(full_state_dict=True))
+    except (RuntimeError, KeyError) as exc:  # callers report ValueError as a CheckpointError
+        raise ValueError(f"the optimizer state does not fit this optimizer ({exc})") from exc

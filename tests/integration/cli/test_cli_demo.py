@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from perfora.cli import main
+from perfora.cli.demo import run_files_line
 from tests.support.paths import ROOT
 from tests.support.script_server import ScriptServer
 
@@ -63,6 +64,9 @@ def test_demo_json_reports_three_arms_and_writes_run_files(tmp_path: Path) -> No
     assert wide["dendrites"] == wide["neuron_steps"] == 0
     assert wide["hidden_width"] == result["wider_hidden"] >= result["hidden"]
     assert abs(wide["params"] - grown["params"]) <= (64 + 1 + 10) // 2
+    # the line the table ends with names the folders the run files are in
+    named = run_files_line(result, out).split(") in ", 1)[1].replace(" and ", ", ").split(", ")
+    assert [Path(n) for n in named] == [out / a for a in ("baseline", "grown", "wider")]
 
 
 def _usage_error(args: list[str], capsys: pytest.CaptureFixture) -> str:
