@@ -156,9 +156,10 @@ def run_demo(*, seed: int = 0, out: str | Path | None = "perfora_runs/demo", hid
 
 def run_files_line(result: dict[str, Any], out: str | Path) -> str:
     """Where each arm's run files are (one folder per arm, named after it)."""
-    folders = [f"{Path(out) / a['name']}" for a in result["arms"]]
+    folders = [f"{Path(out) / a['name']}" for a in result["arms"]] or [str(out)]
+    listed = folders[0] if len(folders) == 1 else f"{', '.join(folders[:-1])} and {folders[-1]}"
     return (f"run files (metrics.csv, best_arch_scores.csv, history.png, checkpoints) in "
-            f"{', '.join(folders[:-1])} and {folders[-1]}")
+            f"{listed}")
 
 
 def format_table(result: dict[str, Any]) -> str:

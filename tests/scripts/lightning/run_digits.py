@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -225,7 +226,12 @@ def main() -> None:
 
     if dist.is_available() and dist.is_initialized():
         dist.barrier()  # both ranks have written their records: leave together
-        dist.destroy_process_group()  # and end as a user's job does
+        (out / f"exit_ok_{rank}").touch()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # everything is written: leave without tearing down the group or the interpreter
+    # (slow, and gloo's teardown can wait forever on a peer that has already exited)
+    os._exit(0)
 
 
 if __name__ == "__main__":

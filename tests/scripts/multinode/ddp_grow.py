@@ -11,6 +11,7 @@ import datetime
 import hashlib
 import json
 import os
+import sys
 from pathlib import Path
 
 import torch
@@ -62,9 +63,12 @@ def main() -> None:
         "world": world, "node": os.environ.get("GROUP_RANK"), "actions": actions,
         "dendrites": ctl.num_dendrites, "additions": ctl.state.additions,
         "digest": digest.hexdigest()}))
-    # end as a user's job does: every rank done, then the group torn down
+    # leave together, without tearing the group down (gloo's teardown can abort a rank
+    # whose peer has already gone)
     dist.barrier()
-    dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
