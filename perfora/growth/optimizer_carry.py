@@ -10,7 +10,9 @@ Under FSDP2 each moment is a shard: a widened parameter's moment is gathered who
 collective, in name order on every rank), grown, and cut to the new parameter's shard. Under
 FSDP1, whose moments are flat slices, :func:`capture_whole` keeps the whole state (the
 backend's full optimizer state, a collective) and :func:`carry_whole_into` grows it against
-the re-sharded template's shapes and loads it through the backend.
+the re-sharded template's shapes and loads it through the backend. Under DeepSpeed, whose
+engine builds the optimizer, :func:`capture_engine` and :func:`carry_engine_into` do the
+same through the backend's reads and writes of the engine's partitions.
 """
 
 from __future__ import annotations
@@ -105,6 +107,34 @@ def capture_whole(optimizer: torch.optim.Optimizer | None, scheduler: Any, model
         if moments:
             states[names[index]], shapes[names[index]] = dict(entry), moments[0].shape
     return CarriedOptimizer(states, shapes, _group_lrs(optimizer), _scheduler_state(scheduler))
+
+
+def capture_engine(model: nn.Module, backend: ParallelBackend) -> CarriedOptimizer | None:
+    """:func:`capture` for an optimizer the wrapper builds (DeepSpeed): its state whole by
+    parameter name, read through the backend (a collective under ZeRO); None where the
+    backend cannot read it."""
+    kept = backend.engine_moments(model)
+    if kept is None:
+        return None
+    states, shapes = kept
+    return CarriedOptimizer(states, shapes, [], None)
+
+
+def carry_engine_into(carried: CarriedOptimizer | None, model: nn.Module,
+                      backend: ParallelBackend) -> None:
+    """:func:`carry_into` for the wrapper's new optimizer: each kept moment grown to its
+    parameter's whole new shape, then written through the backend (this rank's slices)."""
+    if carried is None:
+        return
+    shapes = backend.whole_shapes(model)
+    states = {}
+    for name in sorted(carried.states):
+        if name in shapes:
+            entry = _grown_state(name, carried, torch.empty(shapes[name], device="meta"),
+                                 _grown)
+            if entry:
+                states[name] = entry
+    backend.load_engine_moments(model, states)
 
 
 def carry_whole_into(carried: CarriedOptimizer | None, optimizer: torch.optim.Optimizer | None,

@@ -18,7 +18,14 @@ from ..errors import OrderError
 from ..nn.layers import unwrap_model
 from ..parallel.base import ParallelBackend
 from .optim import OptimizerRecipe, SchedulerRecipe, check_plateau_mode, current_lr, step_scheduler
-from .optimizer_carry import capture, capture_whole, carry_into, carry_whole_into
+from .optimizer_carry import (
+    capture,
+    capture_engine,
+    capture_whole,
+    carry_engine_into,
+    carry_into,
+    carry_whole_into,
+)
 
 
 class OptimizerSlot:
@@ -97,12 +104,12 @@ class OptimizerSlot:
             self.awaiting_instance = True
 
     def keep_for_widening(self, model: nn.Module, backend: ParallelBackend) -> None:
-        """Before a neuron step: keep the optimizer's state by parameter name (not an
-        engine's own optimizer). Where flat shards hide the shapes (FSDP1) it is gathered
-        whole (a collective)."""
+        """Before a neuron step: keep the optimizer's state by parameter name. Where flat
+        shards hide the shapes (FSDP1) it is gathered whole (a collective), and an engine's
+        own optimizer (DeepSpeed) is read through the backend (a collective under ZeRO)."""
         self.whole_carry = backend.flat_shards
         if backend.owns_optimizer:
-            self.pending_carry = None
+            self.pending_carry = capture_engine(model, backend)
         elif backend.flat_shards:
             self.pending_carry = capture_whole(self.optimizer, self.scheduler, model, backend)
         else:
@@ -110,8 +117,12 @@ class OptimizerSlot:
 
     def carry_after_widening(self, model: nn.Module, backend: ParallelBackend) -> None:
         """After a neuron step: the rebuilt optimizer takes what was kept; an optimizer
-        the user or a framework builds takes it when handed over (``pending_carry``)."""
-        if self.rebuildable:
+        the user or a framework builds takes it when handed over (``pending_carry``), and
+        an engine's new optimizer is written through the backend."""
+        if backend.owns_optimizer:
+            carried, self.pending_carry = self.pending_carry, None
+            carry_engine_into(carried, model, backend)
+        elif self.rebuildable:
             carried, self.pending_carry = self.pending_carry, None
             if self.whole_carry:
                 carry_whole_into(carried, self.optimizer, self.scheduler, model, backend)

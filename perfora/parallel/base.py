@@ -77,6 +77,22 @@ class ParallelBackend(ABC):
         """The optimizer the wrapper built (read when ``owns_optimizer``); None here."""
         return None
 
+    def engine_moments(self, model: nn.Module
+                       ) -> tuple[dict[str, dict[str, Any]], dict[str, torch.Size]] | None:
+        """The wrapper's optimizer state whole by parameter name, and each parameter's
+        shape, before a neuron step (read when ``owns_optimizer``); None here."""
+        return None
+
+    def load_engine_moments(self, model: nn.Module, states: dict[str, dict[str, Any]]
+                            ) -> bool:
+        """Give the wrapper's new optimizer ``states`` (grown to the widened shapes) after a
+        neuron step; False where it cannot take them (here)."""
+        return False
+
+    def whole_shapes(self, model: nn.Module) -> dict[str, torch.Size]:
+        """Each parameter's whole shape, by name."""
+        return {name: p.shape for name, p in unwrap_model(model).named_parameters()}
+
     @abstractmethod
     def full_state(self, model: nn.Module) -> dict[str, torch.Tensor]:
         """Every tensor of the model, unsharded (a collective when sharded)."""

@@ -26,7 +26,7 @@ from torch import nn
 from ..distributed.fingerprint import check_same_structure
 from ..errors import ParallelError
 from ..nn.layers import dendritic_layers, unwrap_model
-from . import zero3
+from . import deepspeed_optim, zero3
 from .base import (
     LayerEdit,
     OptimizerState,
@@ -146,6 +146,21 @@ class DeepSpeedBackend(ReplicatedBackend):
     def engine_optimizer(self, model: nn.Module) -> Any:
         """The optimizer of the engine in use (DeepSpeed's wrapper under ZeRO)."""
         return getattr(self.spec.engine, "optimizer", None)
+
+    def engine_moments(self, model: nn.Module
+                       ) -> tuple[dict[str, dict[str, Any]], dict[str, torch.Size]] | None:
+        """The engine's optimizer state whole by parameter name (ZeRO 1-3 and fp32 ZeRO-0;
+        a collective under ZeRO; see :mod:`perfora.parallel.deepspeed_optim`)."""
+        return deepspeed_optim.read_moments(self.spec.engine, unwrap_model(model))
+
+    def load_engine_moments(self, model: nn.Module, states: dict[str, dict[str, Any]]
+                            ) -> bool:
+        """Write the grown state into the new engine's optimizer (this rank's slices)."""
+        return deepspeed_optim.write_moments(self.spec.engine, unwrap_model(model), states)
+
+    def whole_shapes(self, model: nn.Module) -> dict[str, torch.Size]:
+        """Each parameter's whole shape (a ZeRO-3 parameter's ``ds_shape``)."""
+        return deepspeed_optim.whole_shapes(unwrap_model(model))
 
     def full_state(self, model: nn.Module) -> dict[str, torch.Tensor]:
         """Every tensor whole (under ZeRO-3 gathered one module at a time, a collective)."""

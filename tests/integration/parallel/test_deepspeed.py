@@ -91,12 +91,52 @@ def _no_shm_op() -> None:
     importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
 
 
-def wrap(model: nn.Module, stage: int, **extra: dict) -> nn.Module:
-    """``wrap_deepspeed`` with ZeRO ``stage`` and plain SGD."""
+def wrap(model: nn.Module, stage: int, adam: bool = False, **extra: dict) -> nn.Module:
+    """``wrap_deepspeed`` with ZeRO ``stage`` and plain SGD (or Adam)."""
     config = {"train_micro_batch_size_per_gpu": 8, "zero_optimization": {"stage": stage},
               "zero_allow_untested_optimizer": True, "steps_per_print": 10**9, **extra}
-    return perfora.wrap_deepspeed(model, config, optimizer=torch.optim.SGD,
-                                  optimizer_args={"lr": LR})
+    optimizer = torch.optim.Adam if adam else torch.optim.SGD
+    return perfora.wrap_deepspeed(model, config, optimizer=optimizer,
+                                  optimizer_args={"lr": 0.01 if adam else LR})
+
+
+def engine_moments(engine: nn.Module, stage: int) -> dict[str, dict[str, torch.Tensor]]:
+    """Adam's moments and step per parameter, whole, read with DeepSpeed's own API (ZeRO) or
+    from the torch optimizer (ZeRO-0)."""
+    from deepspeed.utils import safe_get_full_optimizer_state
+
+    out = {}
+    for name, p in sorted(engine.module.named_parameters()):
+        if stage == 0:
+            state = engine.optimizer.state.get(p, {})
+            out[name] = {k: v.clone() for k, v in state.items()}
+        else:
+            out[name] = {k: safe_get_full_optimizer_state(p, k).clone()
+                         for k in ("exp_avg", "exp_avg_sq")}
+    if stage > 0:  # one step count per flat partition
+        inner = engine.optimizer.optimizer
+        out["step"] = {"step": torch.tensor([float(s["step"]) for s in inner.state.values()])}
+    return out
+
+
+def moments_carried(before: dict, after: dict) -> dict:
+    """Old slices kept (and not all zero), new slices zero, step counts kept."""
+    kept, zero_new, nonzero = True, True, False
+    for name, entry in before.items():
+        for key, old in entry.items():
+            new = after[name][key]
+            if name == "step" or key == "step":
+                kept &= bool(torch.equal(new, old))
+                continue
+            if "bank" in name:  # dendrite banks are not widened here
+                continue
+            lead = tuple(slice(0, n) for n in old.shape)
+            kept &= bool(torch.equal(new[lead], old))
+            rest = new.clone()
+            rest[lead] = 0
+            zero_new &= bool(rest.abs().sum() == 0)
+            nonzero |= bool(old.abs().sum() > 0)
+    return {"kept": kept, "zero_new": zero_new, "nonzero": nonzero}
 
 
 def _record_gathers() -> list[int]:
@@ -258,12 +298,13 @@ def run_neurons(rank: int, stage: int) -> dict:
     time and refuses GradMax."""
     torch.manual_seed(0)
     engine = wrap(perfora.perforate(nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 8),
-                                                  nn.Tanh(), nn.Linear(8, 3))), stage)
+                                                  nn.Tanh(), nn.Linear(8, 3))), stage,
+                  adam=True)
     ctl = perfora.GrowthController(engine, **{**settings(), "growth": "neurons",
                                               "max_neuron_steps": 2,
                                               "switch_mode": "every_epoch"})
     sizes = _record_gathers() if stage == 3 else []
-    exact, widths = [], []
+    exact, widths, carried = [], [], []
     for epoch in range(3):
         engine.train()
         for step in range(STEPS):
@@ -274,10 +315,13 @@ def run_neurons(rank: int, stage: int) -> dict:
         engine.eval()
         with torch.no_grad():
             before = engine(probe())
+        moments = engine_moments(engine, stage)
         decision = ctl.step(0.5 + 0.1 * epoch, model=engine)
         engine = decision.model
         with torch.no_grad():
             exact.append(bool(torch.equal(engine(probe()), before)))
+        if decision.restructured:
+            carried.append(moments_carried(moments, engine_moments(engine, stage)))
         widths.append({p: layer.num_neurons
                        for p, layer in perfora.dendritic_layers(engine).items()})
     _stop_recording_gathers()
@@ -289,7 +333,7 @@ def run_neurons(rank: int, stage: int) -> dict:
         except perfora.PerforaError as exc:
             refused = str(exc)
     state = ctl.backend.full_state(engine)
-    return {"exact": exact, "widths": widths, "rank_diff": _rank_diff(state),
+    return {"exact": exact, "widths": widths, "rank_diff": _rank_diff(state), "carried": carried,
             "refused": refused, "is_engine": type(engine).__name__,
             "largest_gather": max(sizes, default=0),
             "model_size": sum(v.numel() for v in state.values()),
@@ -302,7 +346,7 @@ def scenarios(rank: int, world: int, tmp: str) -> dict:
     _no_shm_op()
     return {**{f"zero{stage}": run_deepspeed(rank, stage, Path(tmp)) for stage in STAGES},
             "bf16": run_bf16(rank), "neurons": run_neurons(rank, 2),
-            "neurons_zero3": run_neurons(rank, 3)}
+            "neurons_zero3": run_neurons(rank, 3), "neurons_zero0": run_neurons(rank, 0)}
 
 
 @pytest.mark.timeout(120)
@@ -337,8 +381,11 @@ def test_zero3_zero2_zero0_growth_rewind_checkpoint(tmp_path: Path) -> None:
     # growth, the rewind and the checkpoint file gathered one layer at a time, never the model
     assert 0 < z3["largest_gather"] <= z3["largest_layer"] < z3["model_size"]
 
-    for kind in ("neurons", "neurons_zero3"):
+    for kind in ("neurons", "neurons_zero3", "neurons_zero0"):
         neurons = [r[kind] for r in results]
+        # Adam's moments carried into the new engine: old slices kept, new ones zero
+        for r in neurons:
+            assert r["carried"] == [{"kept": True, "zero_new": True, "nonzero": True}] * 2, kind
         assert neurons[0]["widths"] == [{"0": 16, "2": 16, "4": 3}, {"0": 24, "2": 24, "4": 3},
                                         {"0": 24, "2": 24, "4": 3}], kind
         assert all(neurons[0]["exact"][:2]) and neurons[0]["is_engine"] == "DeepSpeedEngine"
