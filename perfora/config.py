@@ -84,8 +84,8 @@ class PerforaConfig:
     retain_all_dendrites: bool = True
     """With ``growth='dendrites'`` (or 'neurons'): keep a set (or neuron step) even when its
     cycle did not beat the global best, and grow the next one on top, up to the cap;
-    completion still returns the best model seen. ('auto' always undoes a step that did not
-    pay and tries the other kind; with False it also grows each step from the best model.)
+    completion still returns the best model seen. ('auto' ignores it: it undoes a step that
+    did not pay and tries the other kind, and grows each step from the best model.)
     False: a set that fails is discarded and retried (``max_dendrite_tries``), and growth ends
     when the tries are spent (PerforatedAI's behaviour; shorter runs). True is the default
     because it measured better in ``benchmarks/quality.py`` (``benchmarks/README.md``)."""

@@ -160,8 +160,9 @@ def _room(st: ControllerState, config: PerforaConfig, kind: str) -> bool:
 def _decide_auto(st: ControllerState, config: PerforaConfig,
                  verdict: Callable[..., Verdict], complete: Callable[..., Verdict]) -> Verdict:
     """growth='auto' at a plateau: keep growing the kind whose last step beat the best score
-    (dendrites first); undo a step that did not and try the other kind from the best model;
-    complete when both failed in a row or both kinds reached their caps."""
+    (dendrites first), each step from the best model; undo a step that did not and try the
+    other kind from the best model; complete when both failed in a row or both kinds reached
+    their caps."""
     kind, other = st.auto_kind, _OTHER[st.auto_kind]
     if st.num_steps > 0 and not st.cycle_set_global_best:
         if st.auto_failed or not _room(st, config, other):
@@ -181,5 +182,7 @@ def _decide_auto(st: ControllerState, config: PerforaConfig,
             return complete(f"reached max_dendrites={config.max_dendrites} and "
                             f"max_neuron_steps={config.max_neuron_steps}")
         kind = st.auto_kind = other
+    # each step grows from the best model, not from the epochs of plateau after it
+    # (measured better than growing on top: benchmarks/README.md, "auto grows from the best")
     return verdict(RESTRUCTURE, f"plateau: added {_named(st, kind, new=True)}",
-                   rewind=not config.retain_all_dendrites, grow=True)
+                   rewind=True, grow=True)

@@ -278,6 +278,27 @@ def test_auto_keeps_the_kind_that_pays_and_undoes_the_one_that_does_not():
     assert ctl.best_score == 0.7
 
 
+@pytest.mark.parametrize("retain", [True, False])
+def test_auto_grows_each_step_from_the_best_model_not_from_the_plateau(retain):
+    # the epochs of plateau after the best are dropped: the grown model computes what the
+    # best one did (growing on top of the plateau measured worse in benchmarks/quality.py)
+    model = _model()
+    ctl = _controller(model, growth="auto", switch_mode="patience", n_epochs_to_switch=2,
+                      retain_all_dendrites=retain)
+    opt = ctl.optimizer
+    for epoch, score in enumerate((0.5, 0.4, 0.4)):
+        _epoch(model, opt)
+        with torch.no_grad():
+            out = model(X)
+        best = out if epoch == 0 else best
+        decision = ctl.step(score)
+        model, opt = decision.model, decision.optimizer
+    assert decision.restructured and decision.reason == "plateau: added dendrite set 1"
+    with torch.no_grad():
+        assert not torch.equal(out, best)  # the plateau epochs trained on
+        assert torch.equal(model(X), best)  # the set grew on the best model
+
+
 def test_auto_switches_kind_when_one_reaches_its_cap():
     model = _model()
     ctl = _controller(model, growth="auto", max_neuron_steps=1, max_dendrites=1)
