@@ -392,10 +392,16 @@ def _accepted_arms(parser: argparse.ArgumentParser, arms: dict[str, dict[str, An
     return kept, skipped
 
 
+def _run_key(row: dict[str, Any]) -> tuple[Any, ...]:
+    return tuple(row.get(k) for k in ("task", "seed", "kind", "name", "width"))
+
+
 def merge_saved(saved: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, Any],
                                                       float]:
     """The runs of several saved results together (their settings must match, bar the arms,
-    skipped arms and run counts), with the sum of their times and the commands' arms merged."""
+    skipped arms and run counts), with the sum of their times and the commands' arms merged.
+    A run of the same task, seed, kind, name and width in a later file replaces the earlier
+    one (an arm run again after a change replaces its stored runs)."""
     setup = dict(saved[0]["setup"])
     for other in saved[1:]:
         theirs = other["setup"]
@@ -409,7 +415,11 @@ def merge_saved(saved: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict
     # an arm one command skipped (an older perfora) and another ran is not skipped
     setup["skipped_arms"] = {k: v for k, v in setup.get("skipped_arms", {}).items()
                              if k not in setup.get("arms", {})}
-    rows = [r for s in saved for r in s["runs"]]
+    latest: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for r in (r for s in saved for r in s["runs"]):
+        latest.pop(_run_key(r), None)  # re-inserted last: the order follows the files
+        latest[_run_key(r)] = r
+    rows = list(latest.values())
     setup["runs"] = len(rows)
     return rows, setup, sum(s["total_seconds"] for s in saved)
 

@@ -102,3 +102,15 @@ def test_runs_saved_apart_are_reported_together_only_with_the_same_settings() ->
     assert len(rows) == 2 and total == 12.0 and set(merged["arms"]) == {"default", "gd"}
     with pytest.raises(SystemExit, match="patience"):
         quality.merge_saved([one, {**two, "setup": {**setup, "patience": 8}}])
+
+
+def test_an_arm_run_again_replaces_its_stored_runs_when_reported_together() -> None:
+    quality = load("quality")
+    setup = {"patience": 10, "max_dendrites": 4, "max_epochs": 2000, "lr": 0.01,
+             "seeds": [0, 1], "quick": False, "arms": {"default": {}}}
+    stored = {"setup": setup, "total_seconds": 5.0,
+              "runs": [_arm(0, 0.5, 10, 5), _arm(1, 0.6, 10, 5)]}
+    again = {"setup": setup, "total_seconds": 2.0, "runs": [_arm(1, 0.9, 10, 5)]}
+    rows, merged, _ = quality.merge_saved([stored, again])
+    assert [(r["seed"], r["test"]) for r in rows] == [(0, 0.5), (1, 0.9)]
+    assert merged["runs"] == 2
