@@ -161,7 +161,7 @@ def make_config(setup: Setup, scale: int, seed: int, overrides: dict[str, Any]) 
         "maximize": False, "n_epochs_to_switch": setup.patience * scale,
         "improvement_threshold": setup.improvement_threshold, "seed": seed,
         "save_checkpoints": False, "max_dendrites": setup.max_dendrites}
-    if overrides.get("growth", "dendrites") != "dendrites":
+    if overrides.get("growth", PerforaConfig().growth) != "dendrites":  # the default: auto
         base["max_neuron_steps"] = setup.max_dendrites
     return PerforaConfig(**{**base, **overrides})
 

@@ -114,3 +114,11 @@ def test_an_arm_run_again_replaces_its_stored_runs_when_reported_together() -> N
     rows, merged, _ = quality.merge_saved([stored, again])
     assert [(r["seed"], r["test"]) for r in rows] == [(0, 0.5), (1, 0.9)]
     assert merged["runs"] == 2
+
+
+def test_every_arm_that_grows_neurons_gets_as_many_steps_as_sets_the_default_too() -> None:
+    quality = load("quality")
+    setup = quality.Setup(patience=2, max_dendrites=3, max_epochs=5)
+    for overrides in ({}, {"growth": "auto"}, {"growth": "neurons"}):  # {}: the default, auto
+        assert quality.make_config(setup, 1, 0, overrides).max_neuron_steps == 3, overrides
+    assert quality.make_config(setup, 1, 0, {"growth": "dendrites"}).max_dendrites == 3
