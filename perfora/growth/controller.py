@@ -221,8 +221,9 @@ class GrowthController(OnRequestMethods, OptimizerMethods, CheckpointMethods):
     def _arm_probe(self) -> None:
         """Record the error signal only in an epoch that a growth step may follow."""
         surgery.arm_probe(self._probe, self.model, self.state, self.config, self.rule)
+        template = self.backend.template if self.backend.sharded else None
         arm_widening_signal(self._signal, self.model, growth_may_come_next(
-            self.state, self.config, self.rule.phase == self.rule.neuron_phase))
+            self.state, self.config, self.rule.phase == self.rule.neuron_phase), template)
 
     def step(self, score: Any, *, test_score: Any = None,
              extra: Mapping[str, Any] | None = None,

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from ..config import PerforaConfig
-from ..errors import ParallelError, PerforationError
+from ..errors import PerforationError
 from ..nn.blocks import is_hf_conv1d
 from ..nn.consumers import LayerPlan, WideningPlan, plan_widening
 from ..nn.layers import DendriticLayer, dendritic_layers, unwrap_model
@@ -59,19 +59,12 @@ def widening_targets(model: nn.Module) -> dict[str, LayerPlan]:
 
 def check_neuron_growth(model: nn.Module, backend: ParallelBackend, config: PerforaConfig
                         ) -> bool:
-    """Refuse ``growth='neurons'`` where no wrapped layer can gain neurons, and neuron growth
-    where the backend cannot run it, saying why (before training starts). True when some
-    layer can gain neurons (False: 'auto' grows dendrites only)."""
+    """Refuse ``growth='neurons'`` where no wrapped layer can gain neurons, saying why
+    (before training starts). True when some layer can gain neurons (False: 'auto' grows
+    dendrites only)."""
     growth = config.growth
     if growth == "auto" and config.rule != "gd":
         return False  # new neurons train by backprop
-    if config.neuron_init == "gradmax" and (backend.flat_shards or (backend.owns_optimizer
-                                                                     and backend.sharded)):
-        where = "FSDP1" if backend.flat_shards else "DeepSpeed ZeRO-3"
-        raise ParallelError(
-            f"growth={growth!r} with neuron_init={config.neuron_init!r} is not supported "
-            f"under {where}: its flat partitions hide the shapes the recorded error signal "
-            "needs; use neuron_init='random' (the default), or FSDP2")
     # a sharded model's structure-only copy holds the shapes (ZeRO-3's slices do not)
     inner = unwrap_model(backend.template if backend.sharded and backend.template is not None
                          else model)
@@ -170,12 +163,16 @@ def _width(module: nn.Module, side: str) -> int:
     return int(w.shape[dims[0] if side == "out" else dims[1]])
 
 
-def arm_widening_signal(signal: WideningSignal | None, model: nn.Module, may_grow: bool) -> None:
-    """Record the widening signal only in an epoch that a growth step may follow."""
+def arm_widening_signal(signal: WideningSignal | None, model: nn.Module, may_grow: bool,
+                        structure: nn.Module | None = None) -> None:
+    """Record the widening signal only in an epoch that a growth step may follow. The hooks
+    go on ``model``; the layers to record are planned on ``structure`` (a sharded model's
+    unsharded copy, whose shapes its slices hide; default: ``model``)."""
     if signal is None:
         return
     signal.disarm()  # the layers may be new objects after a restructure
     if may_grow:
-        signal.arm(unwrap_model(model), widening_targets(model))
+        signal.arm(unwrap_model(model), widening_targets(
+            structure if structure is not None else model))
     else:
         signal.clear()

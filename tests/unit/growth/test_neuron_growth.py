@@ -290,7 +290,8 @@ def test_auto_grows_each_step_from_the_best_model_not_from_the_plateau(retain):
         _epoch(model, opt)
         with torch.no_grad():
             out = model(X)
-        best = out if epoch == 0 else best
+        if epoch == 0:
+            best = out
         decision = ctl.step(score)
         model, opt = decision.model, decision.optimizer
     assert decision.restructured and decision.reason == "plateau: added dendrite set 1"
