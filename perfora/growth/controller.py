@@ -182,14 +182,19 @@ class GrowthController(OnRequestMethods, OptimizerMethods, CheckpointMethods):
         self._slot.after_restructure(self.model, self.config.maximize)
         self._take_engine_optimizer()
 
-    def _grow(self, kind: str | None = None) -> str:
+    def _grow_kind(self) -> str:
+        """What the next growth step adds: the config's kind, or auto's choice."""
+        return self.state.auto_kind if self.config.growth == "auto" else self.config.growth
+
+    def _grow(self, kind: str | None = None, kept: bool = False) -> str:
         """Grow (a dendrite set on every layer, or neurons: ``kind``, else what the config
         and auto's choice say), then set and rebuild what trains; returns what a neuron
-        step added (empty for dendrites)."""
-        if kind is None:
-            kind = self.state.auto_kind if self.config.growth == "auto" else self.config.growth
+        step added (empty for dendrites). ``kept``: the optimizer's state was kept already
+        (before a rewind)."""
+        kind = kind or self._grow_kind()
         if kind == "neurons":
-            self._slot.keep_for_widening(self.model, self.backend)
+            if not kept:
+                self._slot.keep_for_widening(self.model, self.backend)
             model, step = self.backend.widen(self.model, lambda structure, scope: grow_neurons(
                 structure, self.config, self.state, self._signal, scope))
             added = step.describe()
@@ -271,9 +276,14 @@ class GrowthController(OnRequestMethods, OptimizerMethods, CheckpointMethods):
         update_arch(self.state, self.config, verdict.running, test, self.parameter_count())
         if verdict.improved_best:
             self._best = surgery.snapshot_best(self.model, self.backend)
+        kind = self._grow_kind() if verdict.grow else None
+        if kind == "neurons":
+            # kept before the rewind: under FSDP and ZeRO-3 the rewind re-shards, and the
+            # optimizer then holds parameters the model no longer has
+            self._slot.keep_for_widening(self.model, self.backend)
         if verdict.rewind:
             self._rewind_to_best()
-        added = self._grow() if verdict.grow else ""
+        added = self._grow(kind, kept=True) if verdict.grow else ""
         if verdict.action == Action.COMPLETE:
             self._sync_structure()  # the rewind may have replaced parameters: fresh wrapper
         reason = verdict.describe(self.state.num_dendrites, self.state.num_widenings) + (

@@ -157,7 +157,7 @@ def carry_whole_into(carried: CarriedOptimizer | None, optimizer: torch.optim.Op
     _continue_schedule(carried, optimizer, scheduler)
     backend.load_optimizer_state(
         optimizer, model, {"state": state, "param_groups": number_param_groups(
-            optimizer.param_groups)}, {"param_names": names})
+            optimizer.param_groups)}, {"param_names": names, "partial": True})
 
 
 def carry_into(carried: CarriedOptimizer | None, optimizer: torch.optim.Optimizer | None,

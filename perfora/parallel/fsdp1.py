@@ -66,11 +66,13 @@ class FSDP1Backend(ShardedBackend):
 
     def load_optimizer_state(self, optimizer: torch.optim.Optimizer, model: nn.Module,
                              saved: dict[str, Any], meta: dict[str, Any]) -> None:
-        """Whole tensors by name, cut to this rank's slices and loaded (a collective)."""
+        """Whole tensors by name, cut to this rank's slices and loaded (a collective);
+        ``meta['partial']``: parameters without a state start fresh."""
         names = meta.get("param_names")
         if not names:
             raise ValueError("the saved optimizer state has no parameter names")
-        load_full_optimizer_state(optimizer, model, saved, list(names))
+        load_full_optimizer_state(optimizer, model, saved, list(names),
+                                  partial=bool(meta.get("partial")))
 
 
 def wrap_fsdp1(model: nn.Module, **fsdp_kwargs: Any) -> nn.Module:

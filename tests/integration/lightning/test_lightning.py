@@ -423,3 +423,21 @@ def test_the_example_under_ddp_spawn_reports_what_the_spawned_run_trained(tmp_pa
             .splitlines()[1:]]
     assert best == pytest.approx(max(float(r[2]) for r in arch), abs=5e-5) and best > 0.5
     assert kept >= 1  # the grown model came back to the launching process
+
+
+@pytest.mark.timeout(300)
+def test_fsdp2_through_model_parallel_strategy_grows_neurons_as_ddp_does(tmp_path, script_server):
+    # the widening under ModelParallelStrategy: one layer pair at a time on the shards, the
+    # model sharded again, Lightning's new optimizer given the moments. Each step follows a
+    # rewind to the best model (the script's retain is off), which re-shards: the moments
+    # must be kept before it (they were lost, and the run ended 0.2 away from DDP's). DDP's
+    # run is the reference.
+    for strategy in ("ddp", "model_parallel"):
+        run_fit(tmp_path / strategy, "--strategy", strategy, "--max-epochs", "7", "--growth",
+                "neurons", server=script_server)
+    ddp, fsdp = record(tmp_path / "ddp"), record(tmp_path / "model_parallel")
+    assert fsdp["sharded"], "the widened model must still be sharded"
+    assert fsdp["events"] == ddp["events"] and fsdp["events"].count("restructure") == 2
+    assert fsdp["widths"] == ddp["widths"] == {"net.0": 48, "net.2": 10}
+    assert max_diff(fsdp["params"], ddp["params"]) < 1e-6
+    assert max_diff(fsdp["params"], record(tmp_path / "model_parallel", "rank1")["params"]) == 0
