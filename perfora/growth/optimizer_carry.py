@@ -111,19 +111,21 @@ def capture_whole(optimizer: torch.optim.Optimizer | None, scheduler: Any, model
 
 def capture_engine(model: nn.Module, backend: ParallelBackend) -> CarriedOptimizer | None:
     """:func:`capture` for an optimizer the wrapper builds (DeepSpeed): its state whole by
-    parameter name, read through the backend (a collective under ZeRO); None where the
-    backend cannot read it."""
+    parameter name, read through the backend (a collective under ZeRO; none where the
+    backend cannot read it), its learning rates and its scheduler's state."""
     kept = backend.engine_moments(model)
-    if kept is None:
-        return None
-    states, shapes = kept
-    return CarriedOptimizer(states, shapes, [], None)
+    states, shapes = kept if kept is not None else ({}, {})
+    optimizer = backend.engine_optimizer(model)
+    group_lrs = _group_lrs(optimizer) if hasattr(optimizer, "param_groups") else []
+    return CarriedOptimizer(states, shapes, group_lrs,
+                            _scheduler_state(backend.engine_scheduler(model)))
 
 
 def carry_engine_into(carried: CarriedOptimizer | None, model: nn.Module,
                       backend: ParallelBackend) -> None:
     """:func:`carry_into` for the wrapper's new optimizer: each kept moment grown to its
-    parameter's whole new shape, then written through the backend (this rank's slices)."""
+    parameter's whole new shape, then written through the backend (this rank's slices); the
+    learning rates and the scheduler's state carried on."""
     if carried is None:
         return
     shapes = backend.whole_shapes(model)
@@ -134,7 +136,11 @@ def carry_engine_into(carried: CarriedOptimizer | None, model: nn.Module,
                                  _grown)
             if entry:
                 states[name] = entry
-    backend.load_engine_moments(model, states)
+    if states:
+        backend.load_engine_moments(model, states)
+    optimizer = backend.engine_optimizer(model)
+    if hasattr(optimizer, "param_groups"):
+        _continue_schedule(carried, optimizer, backend.engine_scheduler(model))
 
 
 def carry_whole_into(carried: CarriedOptimizer | None, optimizer: torch.optim.Optimizer | None,

@@ -77,6 +77,11 @@ class ParallelBackend(ABC):
         """The optimizer the wrapper built (read when ``owns_optimizer``); None here."""
         return None
 
+    def engine_scheduler(self, model: nn.Module) -> Any:
+        """The LR scheduler the wrapper built and steps (read when ``owns_optimizer``);
+        None here."""
+        return None
+
     def engine_moments(self, model: nn.Module
                        ) -> tuple[dict[str, dict[str, Any]], dict[str, torch.Size]] | None:
         """The wrapper's optimizer state whole by parameter name, and each parameter's

@@ -147,6 +147,10 @@ class DeepSpeedBackend(ReplicatedBackend):
         """The optimizer of the engine in use (DeepSpeed's wrapper under ZeRO)."""
         return getattr(self.spec.engine, "optimizer", None)
 
+    def engine_scheduler(self, model: nn.Module) -> Any:
+        """The engine's LR scheduler (built from wrap_deepspeed's recipe), or None."""
+        return getattr(self.spec.engine, "lr_scheduler", None)
+
     def engine_moments(self, model: nn.Module
                        ) -> tuple[dict[str, dict[str, Any]], dict[str, torch.Size]] | None:
         """The engine's optimizer state whole by parameter name (ZeRO 1-3 and fp32 ZeRO-0;

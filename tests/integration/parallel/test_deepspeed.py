@@ -92,12 +92,17 @@ def _no_shm_op() -> None:
 
 
 def wrap(model: nn.Module, stage: int, adam: bool = False, **extra: dict) -> nn.Module:
-    """``wrap_deepspeed`` with ZeRO ``stage`` and plain SGD (or Adam)."""
+    """``wrap_deepspeed`` with ZeRO ``stage`` and plain SGD (or Adam with a StepLR schedule,
+    stepped by the engine at every step)."""
     config = {"train_micro_batch_size_per_gpu": 8, "zero_optimization": {"stage": stage},
               "zero_allow_untested_optimizer": True, "steps_per_print": 10**9, **extra}
-    optimizer = torch.optim.Adam if adam else torch.optim.SGD
-    return perfora.wrap_deepspeed(model, config, optimizer=optimizer,
-                                  optimizer_args={"lr": 0.01 if adam else LR})
+    if not adam:
+        return perfora.wrap_deepspeed(model, config, optimizer=torch.optim.SGD,
+                                      optimizer_args={"lr": LR})
+    return perfora.wrap_deepspeed(model, config, optimizer=torch.optim.Adam,
+                                  optimizer_args={"lr": 0.01},
+                                  lr_scheduler=torch.optim.lr_scheduler.StepLR,
+                                  lr_scheduler_args={"step_size": 1, "gamma": 0.8})
 
 
 def engine_moments(engine: nn.Module, stage: int) -> dict[str, dict[str, torch.Tensor]]:
@@ -316,13 +321,17 @@ def run_neurons(rank: int, stage: int, init: str = "gradmax") -> dict:
         with torch.no_grad():
             before = engine(probe())
         moments = engine_moments(engine, stage)
+        schedule = (engine.lr_scheduler.last_epoch, engine.optimizer.param_groups[0]["lr"])
         decision = ctl.step(0.5 + 0.1 * epoch, model=engine)
         engine = decision.model
         reasons.append(decision.reason)
         with torch.no_grad():
             exact.append(bool(torch.equal(engine(probe()), before)))
         if decision.restructured:
-            carried.append(moments_carried(moments, engine_moments(engine, stage)))
+            carried.append({**moments_carried(moments, engine_moments(engine, stage)),
+                            "schedule_kept": schedule == (engine.lr_scheduler.last_epoch,
+                                                          engine.optimizer.param_groups[0]["lr"])
+                            and schedule[0] > 0})
         widths.append({p: layer.num_neurons
                        for p, layer in perfora.dendritic_layers(engine).items()})
     _stop_recording_gathers()
@@ -380,7 +389,8 @@ def test_zero3_zero2_zero0_growth_rewind_checkpoint(tmp_path: Path) -> None:
         neurons = [r[kind] for r in results]
         # Adam's moments carried into the new engine: old slices kept, new ones zero
         for r in neurons:
-            assert r["carried"] == [{"kept": True, "zero_new": True, "nonzero": True}] * 2, kind
+            assert r["carried"] == [{"kept": True, "zero_new": True, "nonzero": True,
+                                     "schedule_kept": True}] * 2, kind
         assert neurons[0]["widths"] == [{"0": 16, "2": 16, "4": 3}, {"0": 24, "2": 24, "4": 3},
                                         {"0": 24, "2": 24, "4": 3}], kind
         assert all(neurons[0]["exact"][:2]) and neurons[0]["is_engine"] == "DeepSpeedEngine"
