@@ -161,9 +161,28 @@ def carry_whole_into(carried: CarriedOptimizer | None, optimizer: torch.optim.Op
             if entry:
                 state[index] = entry
     _continue_schedule(carried, optimizer, scheduler)
+    if not state:
+        return
+    fresh = next(iter(state.values()))
+    for index, name in enumerate(names):  # e.g. an undone dendrite set's: as a fresh state
+        if index not in state and name in shapes:
+            state[index] = _fresh_state(fresh, shapes[name])
     backend.load_optimizer_state(
         optimizer, model, {"state": state, "param_groups": number_param_groups(
-            optimizer.param_groups)}, {"param_names": names, "partial": True})
+            optimizer.param_groups)}, {"param_names": names})
+
+
+def _fresh_state(like: dict[str, Any], shape: torch.Size) -> dict[str, Any]:
+    """A never-stepped state with ``like``'s keys for a parameter of ``shape``: moments zero,
+    scalar tensors (Adam's ``step``) zero. FSDP1's whole-state load needs every parameter's."""
+    out: dict[str, Any] = {}
+    for key, value in like.items():
+        if isinstance(value, torch.Tensor):
+            out[key] = torch.zeros(shape if value.dim() > 0 else (), dtype=value.dtype,
+                                   device=value.device)
+        else:
+            out[key] = type(value)(0) if isinstance(value, int | float) else value
+    return out
 
 
 def carry_into(carried: CarriedOptimizer | None, optimizer: torch.optim.Optimizer | None,

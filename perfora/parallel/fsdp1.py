@@ -66,13 +66,11 @@ class FSDP1Backend(ShardedBackend):
 
     def load_optimizer_state(self, optimizer: torch.optim.Optimizer, model: nn.Module,
                              saved: dict[str, Any], meta: dict[str, Any]) -> None:
-        """Whole tensors by name, cut to this rank's slices and loaded (a collective);
-        ``meta['partial']``: parameters without a state start fresh."""
+        """Whole tensors by name, cut to this rank's slices and loaded (a collective)."""
         names = meta.get("param_names")
         if not names:
             raise ValueError("the saved optimizer state has no parameter names")
-        load_full_optimizer_state(optimizer, model, saved, list(names),
-                                  partial=bool(meta.get("partial")))
+        load_full_optimizer_state(optimizer, model, saved, list(names))
 
 
 def wrap_fsdp1(model: nn.Module, **fsdp_kwargs: Any) -> nn.Module:

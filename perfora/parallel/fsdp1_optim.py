@@ -32,11 +32,9 @@ def full_optimizer_state(optimizer: torch.optim.Optimizer, model: nn.Module
 
 
 def load_full_optimizer_state(optimizer: torch.optim.Optimizer, model: nn.Module,
-                              saved: dict[str, Any], names: list[str],
-                              partial: bool = False) -> None:
+                              saved: dict[str, Any], names: list[str]) -> None:
     """Load a state_dict of whole tensors (:func:`full_optimizer_state`'s form) into the
-    optimizer of an FSDP1 model; each rank keeps its slices. ``partial``: parameters without
-    a saved state start fresh (a carry through a neuron step) instead of being refused."""
+    optimizer of an FSDP1 model; each rank keeps its slices."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
     full = {"state": {names[int(i)]: entry for i, entry in saved["state"].items()},
@@ -44,7 +42,6 @@ def load_full_optimizer_state(optimizer: torch.optim.Optimizer, model: nn.Module
                              for group in saved["param_groups"]]}
     try:
         set_optimizer_state_dict(model, optimizer, full,
-                                 options=StateDictOptions(full_state_dict=True,
-                                                          strict=not partial))
+                                 options=StateDictOptions(full_state_dict=True))
     except (RuntimeError, KeyError) as exc:  # callers report ValueError as a CheckpointError
         raise ValueError(f"the optimizer state does not fit this optimizer ({exc})") from exc

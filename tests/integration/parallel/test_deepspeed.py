@@ -124,10 +124,13 @@ def engine_moments(engine: nn.Module, stage: int) -> dict[str, dict[str, torch.T
     return out
 
 
-def moments_carried(before: dict, after: dict) -> dict:
-    """Old slices kept (and not all zero), new slices zero, step counts kept."""
+def moments_carried(before: dict, after: dict, only: str = "") -> dict:
+    """Old slices kept (and not all zero), new slices zero, step counts kept (of the
+    parameters whose name holds ``only``)."""
     kept, zero_new, nonzero = True, True, False
     for name, entry in before.items():
+        if only not in name and name != "step":
+            continue
         for key, old in entry.items():
             new = after[name][key]
             if name == "step" or key == "step":
@@ -344,13 +347,39 @@ def run_neurons(rank: int, stage: int, init: str = "gradmax") -> dict:
             "shapes": {k: list(v.shape) for k, v in state.items()}}
 
 
+def run_auto_undo(rank: int) -> dict:
+    """growth='auto' under ZeRO-2: a second dendrite set fails, is undone (a rewind), and a
+    neuron step follows; the moments of the widened layers carry on through both."""
+    torch.manual_seed(0)
+    engine = wrap(perfora.perforate(nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))),
+                  2, adam=True)
+    ctl = perfora.GrowthController(engine, **{**settings(), "growth": "auto",
+                                              "switch_mode": "every_epoch"})
+    reasons, carried = [], None
+    for epoch, score in enumerate((0.5, 0.6, 0.55)):
+        for step in range(STEPS):
+            x, y = data(epoch, step)
+            engine.backward(nn.functional.cross_entropy(engine(x[rank::WORLD]),
+                                                        y[rank::WORLD]))
+            engine.step()
+        moments = engine_moments(engine, 2)
+        decision = ctl.step(score, model=engine)
+        engine = decision.model
+        reasons.append(decision.reason)
+        if epoch == 2:
+            carried = moments_carried(moments, engine_moments(engine, 2), only=".base.")
+    return {"reasons": reasons, "carried": carried,
+            "rank_diff": _rank_diff(ctl.backend.full_state(engine))}
+
+
 def scenarios(rank: int, world: int, tmp: str) -> dict:
     os.environ.update(DS_ACCELERATOR="cpu", LOCAL_RANK=str(rank), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world))
     _no_shm_op()
     return {**{f"zero{stage}": run_deepspeed(rank, stage, Path(tmp)) for stage in STAGES},
             "bf16": run_bf16(rank), "neurons": run_neurons(rank, 2),
-            "neurons_zero3": run_neurons(rank, 3), "neurons_zero0": run_neurons(rank, 0, "random")}
+            "neurons_zero3": run_neurons(rank, 3), "neurons_zero0": run_neurons(rank, 0, "random"),
+            "auto_undo": run_auto_undo(rank)}
 
 
 @pytest.mark.timeout(120)
@@ -395,6 +424,12 @@ def test_zero3_zero2_zero0_growth_rewind_checkpoint(tmp_path: Path) -> None:
                                         {"0": 24, "2": 24, "4": 3}], kind
         assert all(neurons[0]["exact"][:2]) and neurons[0]["is_engine"] == "DeepSpeedEngine"
         assert {r["rank_diff"] for r in neurons} == {0.0}
+    for r in results:  # the undo's rewind comes before the neuron step: moments still carried
+        auto = r["auto_undo"]
+        assert auto["reasons"][2].startswith("dendrite set 2 did not beat the best score: "
+                                             "undone; added neuron step 1 instead"), auto
+        assert auto["carried"] == {"kept": True, "zero_new": True, "nonzero": True}
+        assert auto["rank_diff"] == 0.0
     zero2, zero3 = results[0]["neurons"], results[0]["neurons_zero3"]
     assert zero3["shapes"] == zero2["shapes"]  # the same widening, partitioned
     # ZeRO-3 widened one layer pair at a time, never the whole model

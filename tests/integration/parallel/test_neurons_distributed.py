@@ -127,6 +127,18 @@ def grow_neurons_sharded(rank: int, tmp: Path, kind: str) -> dict:
         # neurons: the first model stays the best; auto: two sets, the second one fails
         decision = ctl.step([0.5, 0.6, 0.55][epoch] if auto else [0.5, 0.4, 0.3][epoch])
         model, opt = decision.model, decision.optimizer
+        # each step follows a rewind (auto: the undo; neurons: the retry from the best model)
+        # that re-shards; the widened layers' moments must still reach the new optimizer
+        if epoch == (2 if auto else 1) and fsdp2:
+            carried = [bool(opt.state.get(p)) for name, p in
+                       perfora.unwrap_model(model).named_parameters() if ".base." in name]
+        elif epoch == (2 if auto else 1):  # FSDP1: a rank's slices may miss a parameter
+            from perfora.checkpoint.optimizer_state import join_optimizer_state
+
+            tensors, meta = ctl.backend.optimizer_state(opt, model)  # whole, by name
+            state = join_optimizer_state(tensors, meta)["state"]
+            carried = [bool(state.get(i)) and bool(state[i]["exp_avg"].abs().sum() > 0)
+                       for i, name in enumerate(meta["param_names"]) if ".base." in name]
         with torch.no_grad():
             exact.append(bool(torch.equal(model(x_fixed), before)))
         reasons.append(decision.reason)
@@ -136,7 +148,7 @@ def grow_neurons_sharded(rank: int, tmp: Path, kind: str) -> dict:
     full = {k: v.tolist() for k, v in ctl.backend.full_state(model).items()}
     dendrites = ctl.num_dendrites
     return {"reasons": reasons, "exact": exact, "sharded": sharded, "shapes": shapes,
-            "full": full, "dendrites": dendrites}
+            "full": full, "dendrites": dendrites, "carried": carried}
 
 
 @pytest.mark.timeout(150)
@@ -144,6 +156,7 @@ def grow_neurons_sharded(rank: int, tmp: Path, kind: str) -> dict:
 def test_a_sharded_model_widens_reshards_and_rewinds_narrower(tmp_path, kind):
     r0, r1 = run_in_folder(grow_neurons_sharded, tmp_path, WORLD, kind, join_s=120)
     assert r0["reasons"] == r1["reasons"] and r0["full"] == r1["full"]
+    assert r0["carried"] and all(r0["carried"]) and all(r1["carried"])
     assert all(r0["exact"][:2]) and all(r0["sharded"])  # exact, and sharded again
     if kind.endswith("auto"):  # a failed dendrite set undone, neurons grown in its place
         init = "gradmax"
