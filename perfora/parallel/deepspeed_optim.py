@@ -175,9 +175,11 @@ def _make_state(zero: Any) -> None:
             flat.grad = torch.zeros_like(flat)
             if stage3:  # ZeRO-3 hands the optimizer one partition per step, as here
                 group = inner.param_groups[zero.sub_group_to_group_id[index]]
-                group["params"] = [flat]
-                inner.step()
-                group["params"] = []
+                held, group["params"] = group["params"], [flat]
+                try:
+                    inner.step()
+                finally:
+                    group["params"] = held
         if not stage3:
             inner.step()
     finally:
