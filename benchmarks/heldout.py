@@ -3,9 +3,11 @@
 A new user perforates a narrow MLP and creates a ``GrowthController`` with only ``maximize``
 and the patience set, and reports the validation accuracy once per epoch. The grown model
 (test accuracy at its best validation epoch) is compared with a plain MLP whose hidden width
-gives the parameter count closest to the grown model's, trained the same way (same loop,
-optimizer, patience; ``max_dendrites=0``). Data sets: scikit-learn's iris and generated
-moons, circles, Gaussian quantiles and a 4-class ``make_classification``; seeds 0..N-1.
+gives the parameter count closest to the grown model's, trained the same way (same loop and
+optimizer; ``max_dendrites=0``) twice: early-stopped with the same patience, and for exactly
+as many epochs as the grown run took (no early stopping; the same budget). Data sets:
+scikit-learn's iris and generated moons, circles, Gaussian quantiles and a 4-class
+``make_classification``; seeds 0..N-1.
 
     python benchmarks/heldout.py [--seeds 3] [--json PATH] [--update-stored]
 
@@ -75,18 +77,21 @@ def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
     return acc
 
 
-def train(data: dict, hidden: int, seed: int, **settings) -> dict:
-    """The new user's loop; returns test accuracy at the best epoch, params and dendrites."""
+def train(data: dict, hidden: int, seed: int, budget: int | None = None, **settings) -> dict:
+    """The new user's loop; returns test accuracy at the best epoch, params, dendrite sets and
+    neuron steps. With ``budget``: a plain network trained exactly that many epochs."""
+    if budget is not None:
+        settings.update(max_dendrites=0, n_epochs_to_switch=budget + 1)
     torch.manual_seed(seed)
     x, y = data["train"]
     classes = int(y.max()) + 1
     model = perforate(mlp(x.shape[1], hidden, classes))
-    ctl = GrowthController(model, maximize=True, n_epochs_to_switch=PATIENCE,
-                           write_files=False, **settings)
+    ctl = GrowthController(model, **{"maximize": True, "n_epochs_to_switch": PATIENCE,
+                                     "write_files": False, **settings})
     ctl.set_optimizer(torch.optim.Adam, lr=0.01)
     opt, _ = ctl.build_optimizer()
     gen = torch.Generator().manual_seed(seed)
-    for _ in range(MAX_EPOCHS):
+    for _ in range(budget if budget is not None else MAX_EPOCHS):
         for idx in torch.randperm(len(x), generator=gen).split(32):
             opt.zero_grad()
             nn.functional.cross_entropy(model(x[idx]), y[idx]).backward()
@@ -97,7 +102,8 @@ def train(data: dict, hidden: int, seed: int, **settings) -> dict:
             break
         opt = decision.optimizer
     return {"test": ctl.state.best_test, "params": ctl.parameter_count(),
-            "dendrites": ctl.num_dendrites, "epochs": ctl.epoch}
+            "dendrites": ctl.num_dendrites, "neurons": ctl.state.num_widenings,
+            "epochs": ctl.epoch}
 
 
 def width_for(params: int, inputs: int, classes: int) -> int:
@@ -135,14 +141,17 @@ def main(argv: list[str] | None = None) -> int:
             grown = train(data, HIDDEN, seed)
             width = width_for(grown["params"], x.shape[1], int(y.max()) + 1)
             plain = train(data, width, seed, max_dendrites=0)
+            matched = train(data, width, seed, budget=grown["epochs"])
             rows.append({"dataset": name, "seed": seed, "grown": grown, "plain": plain,
-                         "plain_width": width})
+                         "matched": matched, "plain_width": width})
             print(f"{name} seed {seed}: grown {grown['test']:.3f} ({grown['params']} params, "
-                  f"{grown['dendrites']} sets) vs plain width {width} {plain['test']:.3f} "
+                  f"{grown['dendrites']} sets, {grown['neurons']} neuron steps, "
+                  f"{grown['epochs']} epochs) vs plain width {width} {plain['test']:.3f} "
+                  f"early-stopped, {matched['test']:.3f} in {matched['epochs']} epochs "
                   f"({plain['params']} params)", file=sys.stderr, flush=True)
-    lines = ["| data set | grown: median test acc | params | sets kept | plain of that size: "
-             "median test acc | params | grown minus plain (points) |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| data set | grown | params | sets | neuron steps | plain, early-stopped | "
+             "plain, grown's epochs | grown minus plain: early-stopped | same epochs |",
+             "|---|---|---|---|---|---|---|---|---|"]
     summary = []
     for name in _datasets():
         mine = [r for r in rows if r["dataset"] == name]
@@ -151,17 +160,19 @@ def main(argv: list[str] | None = None) -> int:
             return statistics.median(r[arm][key] for r in mine)
 
         gap = 100 * (med("grown", "test") - med("plain", "test"))
+        gap_matched = 100 * (med("grown", "test") - med("matched", "test"))
         summary.append({"dataset": name, "grown": med("grown", "test"),
-                        "plain": med("plain", "test"), "gap": gap})
+                        "plain": med("plain", "test"), "gap": gap,
+                        "matched": med("matched", "test"), "gap_matched": gap_matched})
         lines.append(f"| {name} | {100 * med('grown', 'test'):.1f} | "
                      f"{med('grown', 'params'):.0f} | {med('grown', 'dendrites'):g} | "
-                     f"{100 * med('plain', 'test'):.1f} | {med('plain', 'params'):.0f} | "
-                     f"{gap:+.1f} |")
+                     f"{med('grown', 'neurons'):g} | {100 * med('plain', 'test'):.1f} | "
+                     f"{100 * med('matched', 'test'):.1f} | {gap:+.1f} | {gap_matched:+.1f} |")
     total = time.perf_counter() - start
-    at_least = sum(s["gap"] >= 0 for s in summary)
+    at_least = sum(s["gap_matched"] >= 0 for s in summary)
     print("\n".join(lines))
-    print(f"\ngrown at least as good as plain of the same size on {at_least} of "
-          f"{len(summary)} data sets; {args.seeds} seed(s); {total:.0f} s")
+    print(f"\ngrown at least as good as plain of the same size trained as many epochs on "
+          f"{at_least} of {len(summary)} data sets; {args.seeds} seed(s); {total:.0f} s")
     path = output_path(args)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"hidden": HIDDEN, "patience": PATIENCE,

@@ -128,14 +128,7 @@ def carry_engine_into(carried: CarriedOptimizer | None, model: nn.Module,
     learning rates and the scheduler's state carried on."""
     if carried is None:
         return
-    shapes = backend.whole_shapes(model)
-    states = {}
-    for name in sorted(carried.states):
-        if name in shapes:
-            entry = _grown_state(name, carried, torch.empty(shapes[name], device="meta"),
-                                 _grown)
-            if entry:
-                states[name] = entry
+    states = _grown_whole(carried, backend.whole_shapes(model))
     if states:
         backend.load_engine_moments(model, states)
     optimizer = backend.engine_optimizer(model)
@@ -153,13 +146,8 @@ def carry_whole_into(carried: CarriedOptimizer | None, optimizer: torch.optim.Op
         return
     shapes = {name: p.shape for name, p in template.named_parameters()}
     names = optimizer_param_names(optimizer, unwrap_model(model))
-    state = {}
-    for index, name in enumerate(names):
-        if name in carried.states and name in shapes:
-            entry = _grown_state(name, carried, torch.empty(shapes[name], device="meta"),
-                                 _grown)
-            if entry:
-                state[index] = entry
+    grown = _grown_whole(carried, shapes)
+    state = {index: grown[name] for index, name in enumerate(names) if name in grown}
     _continue_schedule(carried, optimizer, scheduler)
     if not state:
         return
@@ -170,6 +158,20 @@ def carry_whole_into(carried: CarriedOptimizer | None, optimizer: torch.optim.Op
     backend.load_optimizer_state(
         optimizer, model, {"state": state, "param_groups": number_param_groups(
             optimizer.param_groups)}, {"param_names": names})
+
+
+def _grown_whole(carried: CarriedOptimizer, shapes: dict[str, torch.Size]
+                 ) -> dict[str, dict[str, Any]]:
+    """Each kept state grown to its parameter's whole new shape (``shapes``, by name), in
+    name order; parameters that are gone or cannot take it are left out."""
+    out = {}
+    for name in sorted(carried.states):
+        if name in shapes:
+            entry = _grown_state(name, carried, torch.empty(shapes[name], device="meta"),
+                                 _grown)
+            if entry:
+                out[name] = entry
+    return out
 
 
 def _fresh_state(like: dict[str, Any], shape: torch.Size) -> dict[str, Any]:
