@@ -109,9 +109,10 @@ class RunWriter:
 
     def gather(self, parts: RunParts, checkpointer: Checkpointer, due: bool
                ) -> Captured | None:
-        """Sharded, due and written whole: the full model and optimizer state, gathered once
-        on every rank (a collective) for rank 0's writes."""
-        if due and parts.backend.sharded and self.saves_checkpoints \
+        """Due, written whole and read collectively (a sharded model, or DeepSpeed's
+        optimizer state): the full model and optimizer state, gathered once on every rank
+        for rank 0's writes."""
+        if due and parts.backend.capture_is_collective and self.saves_checkpoints \
                 and not checkpointer.collective:
             captured = checkpointer.capture(parts)
             return replace(captured, model=to_storable(captured.model))
@@ -122,7 +123,8 @@ class RunWriter:
         """After one report: metrics, checkpoints when due, summaries after a decision."""
         checkpointer = self.checkpointer(parts.backend)
         collective = checkpointer.collective
-        due = self.due(action, parts.state.epoch, parts.backend.sharded or collective)
+        due = self.due(action, parts.state.epoch,
+                       parts.backend.capture_is_collective or collective)
         gathered = self.gather(parts, checkpointer, due)
         if self.writes:
             assert self.report is not None

@@ -46,6 +46,12 @@ class ParallelBackend(ABC):
         return False
 
     @property
+    def capture_is_collective(self) -> bool:
+        """Reading the state for a checkpoint file is a collective (every rank captures,
+        rank 0 writes): a sharded state, or an optimizer state read across ranks."""
+        return self.sharded
+
+    @property
     def replaces_wrappers(self) -> bool:
         """A re-wrap retires the old wrapper (its buckets miss new parameters)."""
         return False

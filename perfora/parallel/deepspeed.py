@@ -257,9 +257,24 @@ class DeepSpeedBackend(ReplicatedBackend):
                                            prepare)
         return model
 
+    @property
+    def capture_is_collective(self) -> bool:
+        """ZeRO 1-3: the optimizer's moments are read whole for a file on every rank."""
+        return self.spec.stage >= 1
+
     def optimizer_state(self, optimizer: Any, model: nn.Module) -> OptimizerState | None:
-        """None: DeepSpeed keeps the optimizer state in its own partitions (not saved)."""
-        return None
+        """ZeRO 0-2: the engine's optimizer state whole by parameter name, its groups'
+        learning rates and its scheduler's state (a collective under ZeRO 1-2). None under
+        ZeRO-3 (a load into it is refused), before the first step, and where the state is
+        not read (see :mod:`perfora.parallel.deepspeed_optim`)."""
+        if self.sharded:
+            return None
+        return deepspeed_optim.saved_state(self.spec.engine, unwrap_model(model))
+
+    def load_optimizer_state(self, optimizer: Any, model: nn.Module,
+                             saved: dict[str, Any], meta: dict[str, Any]) -> None:
+        """The saved state into the engine's optimizer and scheduler (this rank's slices)."""
+        deepspeed_optim.load_saved_state(self.spec.engine, unwrap_model(model), saved, meta)
 
     def _template(self) -> nn.Module:
         if self.spec.template is None:

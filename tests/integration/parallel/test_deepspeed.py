@@ -372,6 +372,71 @@ def run_auto_undo(rank: int) -> dict:
             "rank_diff": _rank_diff(ctl.backend.full_state(engine))}
 
 
+RESUME_SCORES = [0.5, 0.6, 0.6, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 1.0]
+SAVE_AT = 5  # after the growth at epoch 3 and two epochs of Adam on the grown model
+
+
+def _schedule(engine: nn.Module) -> list:
+    return [engine.lr_scheduler.last_epoch, engine.optimizer.param_groups[0]["lr"]]
+
+
+def _train_epochs(engine: nn.Module, ctl: perfora.GrowthController, rank: int,
+                  epochs: range, path: Path | None = None) -> tuple[nn.Module, list]:
+    saved: list = []
+    for epoch in epochs:
+        for step in range(STEPS):
+            x, y = data(epoch, step)
+            engine.backward(nn.functional.cross_entropy(engine(x[rank::WORLD]),
+                                                        y[rank::WORLD]))
+            engine.step()
+        engine = ctl.step(RESUME_SCORES[epoch], model=engine).model
+        if epoch == SAVE_AT and path is not None:
+            ctl.save(path)  # on every rank: the moments are read collectively
+            saved = _schedule(engine)
+    return engine, saved
+
+
+def run_resume(rank: int, stage: int, tmp: Path) -> dict:
+    """Adam with a StepLR schedule under ZeRO ``stage``, saved after a growth and two
+    epochs, then resumed in a new controller and engine: it must end where the
+    uninterrupted run ends. The uninterrupted run also writes run files (whose checkpoints
+    read the moments on every rank: a hang here fails the test)."""
+    path = tmp / f"resume_zero{stage}.safetensors"
+    torch.manual_seed(0)
+    engine = wrap(make_model(), stage, adam=True)
+    ctl = perfora.GrowthController(engine, **{**settings(), "write_files": True},
+                                   run_dir=tmp / f"run_zero{stage}")
+    engine, saved = _train_epochs(engine, ctl, rank, range(len(RESUME_SCORES)), path)
+    whole = ctl.backend.full_state(engine)
+    dist.barrier()
+    resumed = wrap(make_model(), stage, adam=True)
+    ctl2 = perfora.GrowthController(resumed, **settings())
+    resumed = ctl2.load(path).model
+    moments = engine_moments(resumed, stage)
+    schedule = _schedule(resumed)
+    resumed, _ = _train_epochs(resumed, ctl2, rank, range(SAVE_AT + 1, len(RESUME_SCORES)))
+    again = ctl2.backend.full_state(resumed)
+    try:  # Adam's moments do not load into an SGD engine
+        perfora.GrowthController(wrap(make_model(), stage), **settings()).load(path)
+        refused = ""
+    except perfora.CheckpointError as exc:
+        refused = str(exc)
+    return {"diff": max((again[k] - whole[k]).abs().max().item() for k in whole)
+            if set(again) == set(whole) else None,
+            "dendrites": [ctl.num_dendrites, ctl2.num_dendrites],
+            "moments_loaded": all(v.abs().sum() > 0 for name, entry in moments.items()
+                                  if name != "step" for v in entry.values()),
+            "schedule": schedule, "saved_schedule": saved, "refused": refused, "rank_diff": _rank_diff(again),
+            "latest_has_moments": any(k.startswith("optimizer/") or k.endswith("exp_avg")
+                                      for k in _file_tensor_keys(
+                                          tmp / f"run_zero{stage}" / "latest.safetensors"))}
+
+
+def _file_tensor_keys(path: Path) -> list[str]:
+    ckpt = load_checkpoint(path)
+    return [f"{group}/{key}" for group, tensors in ckpt.tensors.items() for key in tensors]
+
+
 def scenarios(rank: int, world: int, tmp: str) -> dict:
     os.environ.update(DS_ACCELERATOR="cpu", LOCAL_RANK=str(rank), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world))
@@ -379,7 +444,8 @@ def scenarios(rank: int, world: int, tmp: str) -> dict:
     return {**{f"zero{stage}": run_deepspeed(rank, stage, Path(tmp)) for stage in STAGES},
             "bf16": run_bf16(rank), "neurons": run_neurons(rank, 2),
             "neurons_zero3": run_neurons(rank, 3), "neurons_zero0": run_neurons(rank, 0, "random"),
-            "auto_undo": run_auto_undo(rank)}
+            "auto_undo": run_auto_undo(rank),
+            **{f"resume_zero{stage}": run_resume(rank, stage, Path(tmp)) for stage in (2, 0)}}
 
 
 @pytest.mark.timeout(120)
@@ -430,6 +496,16 @@ def test_zero3_zero2_zero0_growth_rewind_checkpoint(tmp_path: Path) -> None:
                                              "undone; added neuron step 1 instead"), auto
         assert auto["carried"] == {"kept": True, "zero_new": True, "nonzero": True}
         assert auto["rank_diff"] == 0.0
+    for stage in (2, 0):  # Adam's moments and the LR schedule resume where they were saved
+        for r in results:
+            resume = r[f"resume_zero{stage}"]
+            assert resume["diff"] == 0.0, (stage, resume)
+            assert resume["dendrites"] == [1, 1] and resume["moments_loaded"], (stage, resume)
+            assert resume["schedule"] == resume["saved_schedule"], (stage, resume)
+            assert resume["schedule"][0] > 0, (stage, resume)
+            if stage == 2:
+                assert "exp_avg" in resume["refused"], resume
+            assert resume["rank_diff"] == 0.0 and resume["latest_has_moments"], (stage, resume)
     zero2, zero3 = results[0]["neurons"], results[0]["neurons_zero3"]
     assert zero3["shapes"] == zero2["shapes"]  # the same widening, partitioned
     # ZeRO-3 widened one layer pair at a time, never the whole model
