@@ -289,21 +289,32 @@ def table_gpu_growth() -> str:
 
 # ------------------------------------------------------------------------------------ demo
 def table_demo() -> str:
-    """``perfora demo --json --seed S``: the three arms, per seed."""
+    """``perfora demo --json --seed S``: the arms, per seed (the same-budget arm where the
+    stored run has it)."""
     result = _load("demo.json")
     out = []
     for seed, run in sorted(result["seeds"].items(), key=lambda item: int(item[0])):
         arms = {arm["name"]: arm for arm in run["arms"]}
         base, grown, wide = arms["baseline"], arms["grown"], arms["wider"]
-        gap = 100 * (grown["test_accuracy"] - wide["test_accuracy"])
+        same = arms.get("wider-eq")
+
+        def gap(other: dict | None, grown: dict = grown) -> str:
+            if other is None:
+                return "not run"
+            return f"{100 * (grown['test_accuracy'] - other['test_accuracy']):+.1f} points"
+
         out.append([seed, f"{base['params']}, {base['test_accuracy']:.4f}",
                     f"{grown['params']}, {grown['dendrites']}, {grown['hidden_width']}, "
-                    f"{grown['test_accuracy']:.4f}",
-                    f"{run['wider_hidden']}, {wide['params']}, {wide['test_accuracy']:.4f}",
-                    f"{gap:+.1f} points"])
+                    f"{grown['epochs']}, {grown['test_accuracy']:.4f}",
+                    f"{run['wider_hidden']}, {wide['params']}, {wide['epochs']}, "
+                    f"{wide['test_accuracy']:.4f}",
+                    "" if same is None else f"{same['epochs']}, {same['test_accuracy']:.4f}",
+                    gap(wide), gap(same)])
     return _rows(["seed", "baseline (params, test acc)",
-                  "grown (params, sets, hidden width, test acc)",
-                  "wider (hidden, params, test acc)", "grown vs wider"], out)
+                  "grown (params, sets, hidden width, epochs, test acc)",
+                  "wider, early-stopped (hidden, params, epochs, test acc)",
+                  "wider, grown's epochs (epochs, test acc)", "grown vs wider",
+                  "grown vs wider, same epochs"], out)
 
 
 # ------------------------------------------------------------------------ per-epoch cost

@@ -94,10 +94,11 @@ def build_parser() -> argparse.ArgumentParser:
         "demo", help="train a narrow MLP on digits: baseline, grown, and a plain network "
                      "of the grown size",
         description="Train a narrow MLP (64 -> H -> 10) on scikit-learn's digits (fixed "
-                    "60/20/20 split) three ways with the same patience: the baseline (early "
-                    "stopping), the same network grown with perfora's defaults (dendrites and "
-                    "neurons, as the validation score chooses), and a plain network widened "
-                    "to the grown size. Prints a table and the verdict 'grown vs a plain "
+                    "60/20/20 split): the baseline (early stopping), the same network grown "
+                    "with perfora's defaults (dendrites and neurons, as the validation score "
+                    "chooses), and a plain network widened to the grown size, early-stopped "
+                    "with the same patience (wider) and trained as many epochs as the grown "
+                    "run (wider-eq). Prints a table and the verdict 'grown vs a plain "
                     "network of the same size', and writes each "
                     "arm's run files under --out. Needs scikit-learn: "
                     "pip install \"perfora[demo]\".")

@@ -1,7 +1,8 @@
-"""`perfora demo`: a narrow MLP on scikit-learn's digits, three arms with the same patience:
-the narrow baseline, the narrow network grown with perfora's defaults (dendrites and neurons,
-as the validation score chooses), and a plain network widened to the grown size (the question
-a user asks: "grow it, or just train a wider layer?")."""
+"""`perfora demo`: a narrow MLP on scikit-learn's digits, four arms: the narrow baseline, the
+narrow network grown with perfora's defaults (dendrites and neurons, as the validation score
+chooses), and a plain network widened to the grown size (the question a user asks: "grow it,
+or just train a wider layer?"), twice: early-stopped with the same patience, and trained as
+many epochs as the grown run (the same budget), each ending on its best validation epoch."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ from ..growth import GrowthController
 from ..nn.perforation import perforate
 
 SPLIT_SEED = 1234  # the train/validation/test split is fixed, whatever --seed says
+SAME_BUDGET = "wider-eq"
+"""The plain network of the grown size, trained as many epochs as the grown run."""
 
 
 @dataclass
@@ -86,10 +89,15 @@ def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
 
 def run_arm(name: str, data: DemoData, config: PerforaConfig, *, seed: int, hidden: int,
             run_dir: Path | None, max_epochs: int = 2000, batch_size: int = 64,
-            lr: float = 1e-2, progress: bool = True) -> ArmResult:
-    """Train one arm until its controller says training is complete."""
+            lr: float = 1e-2, progress: bool = True, fixed_epochs: int | None = None
+            ) -> ArmResult:
+    """Train one arm until its controller says training is complete, or, with
+    ``fixed_epochs``, for exactly that many epochs, then go back to the best one."""
     from tqdm.auto import tqdm
 
+    if fixed_epochs is not None:  # no early stopping: the whole budget, then the best epoch
+        max_epochs = fixed_epochs
+        config = config.replace(n_epochs_to_switch=fixed_epochs + 1)
     torch.manual_seed(seed)
     model = perforate(narrow_mlp(hidden))
     ctl = GrowthController(model, config, run_dir=run_dir)
@@ -119,6 +127,8 @@ def run_arm(name: str, data: DemoData, config: PerforaConfig, *, seed: int, hidd
                 break
     finally:
         bar.close()
+    if fixed_epochs is not None:
+        model = ctl.restore_best()
     ctl.finish()
     seconds = time.perf_counter() - start
     return ArmResult(
@@ -133,22 +143,24 @@ def run_arm(name: str, data: DemoData, config: PerforaConfig, *, seed: int, hidd
 def run_demo(*, seed: int = 0, out: str | Path | None = "perfora_runs/demo", hidden: int = 6,
              patience: int = 10, max_dendrites: int = 3, progress: bool = True
              ) -> dict[str, Any]:
-    """The three arms with the same patience; returns {"arms": [...], ...} as `--json`
-    prints. ``max_dendrites`` caps the grown arm's dendrite sets (its neuron steps keep
-    perfora's default cap)."""
+    """The four arms; returns {"arms": [...], ...} as `--json` prints. ``max_dendrites``
+    caps the grown arm's dendrite sets (its neuron steps keep perfora's default cap)."""
     data = load_digits_data()
     out_dir = Path(out) if out else None
     common = {"n_epochs_to_switch": patience, "seed": seed}
     plain = PerforaConfig(switch_mode="never", max_dendrites=0, **common)
 
-    def arm(name: str, config: PerforaConfig, width: int) -> ArmResult:
+    def arm(name: str, config: PerforaConfig, width: int, epochs: int | None = None
+            ) -> ArmResult:
         return run_arm(name, data, config, seed=seed, hidden=width,
-                       run_dir=out_dir / name if out_dir else None, progress=progress)
+                       run_dir=out_dir / name if out_dir else None, progress=progress,
+                       fixed_epochs=epochs)
 
     results = [arm("baseline", plain, hidden),
                arm("grown", PerforaConfig(max_dendrites=max_dendrites, **common), hidden)]
     wider = width_for_params(results[1].params)
     results.append(arm("wider", plain, wider))
+    results.append(arm(SAME_BUDGET, plain, wider, epochs=results[1].epochs))
     return {"seed": seed, "hidden": hidden, "patience": patience, "wider_hidden": wider,
             "dataset": "sklearn digits (1797 images, fixed 60/20/20 split)",
             "arms": [asdict(r) for r in results]}
@@ -163,7 +175,7 @@ def run_files_line(result: dict[str, Any], out: str | Path) -> str:
 
 
 def format_table(result: dict[str, Any]) -> str:
-    """The demo's results as a plain-text table, and the verdict against the wider arm."""
+    """The demo's results as a plain-text table, and the verdict against the wider arms."""
     head = f"{'arm':<10} {'params':>7} {'hidden':>6} {'dendrites':>9} {'test acc':>9} " \
            f"{'val acc':>8} {'epochs':>6} {'seconds':>8}"
     lines = [head, "-" * len(head)]
@@ -174,9 +186,16 @@ def format_table(result: dict[str, Any]) -> str:
     arms = {a["name"]: a for a in result["arms"]}
     if "wider" in arms:
         grown, wide = arms["grown"], arms["wider"]
-        gap = 100 * (grown["test_accuracy"] - wide["test_accuracy"])
+
+        def gap(other: dict[str, Any]) -> str:
+            return f"{100 * (grown['test_accuracy'] - other['test_accuracy']):+.1f}"
+
+        same = f", {gap(arms[SAME_BUDGET])} trained as many epochs as grown ({SAME_BUDGET})" \
+            if SAME_BUDGET in arms else ""
         lines.append("")
         lines.append(f"grown vs a plain network of the same size (hidden "
-                     f"{result['wider_hidden']}, {wide['params']} params): {gap:+.1f} points of "
-                     f"test accuracy (one seed; benchmarks/quality.py gives medians)")
+                     f"{result['wider_hidden']}, {wide['params']} params), points of test "
+                     "accuracy:")
+        lines.append(f"  {gap(wide)} early-stopped (wider){same}")
+        lines.append("  (one seed; benchmarks/quality.py gives medians over seeds and tasks)")
     return "\n".join(lines)

@@ -27,14 +27,14 @@ def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.timeout(300)
-def test_demo_json_reports_three_arms_and_writes_run_files(tmp_path: Path) -> None:
+def test_demo_json_reports_four_arms_and_writes_run_files(tmp_path: Path) -> None:
     out = tmp_path / "runs"
     proc = _run(["demo", "--json", "--seed", "1", "--out", str(out), "--patience", "4",
                  "--max-dendrites", "2"], tmp_path)  # a shorter run than the default job
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
     arms = {a["name"]: a for a in result["arms"]}
-    assert set(arms) == {"baseline", "grown", "wider"}
+    assert set(arms) == {"baseline", "grown", "wider", "wider-eq"}
     for arm in arms.values():
         assert isinstance(arm["params"], int) and arm["params"] > 0
         assert isinstance(arm["epochs"], int) and arm["epochs"] > 0
@@ -64,9 +64,17 @@ def test_demo_json_reports_three_arms_and_writes_run_files(tmp_path: Path) -> No
     assert wide["dendrites"] == wide["neuron_steps"] == 0
     assert wide["hidden_width"] == result["wider_hidden"] >= result["hidden"]
     assert abs(wide["params"] - grown["params"]) <= (64 + 1 + 10) // 2
+    # the fourth is that network trained as many epochs as the grown one (the same budget,
+    # no early stopping), ending on its best validation epoch
+    same = arms["wider-eq"]
+    assert same["epochs"] == grown["epochs"] and same["params"] == wide["params"]
+    vals = [float(row.split(",")[3]) for row in
+            (out / "wider-eq" / "metrics.csv").read_text().strip().splitlines()[1:]]
+    assert len(vals) == grown["epochs"] and same["val_accuracy"] == pytest.approx(max(vals))
     # the line the table ends with names the folders the run files are in
     named = run_files_line(result, out).split(") in ", 1)[1].replace(" and ", ", ").split(", ")
-    assert [Path(n) for n in named] == [out / a for a in ("baseline", "grown", "wider")]
+    assert [Path(n) for n in named] == [out / a for a in ("baseline", "grown", "wider",
+                                                          "wider-eq")]
 
 
 def _usage_error(args: list[str], capsys: pytest.CaptureFixture) -> str:

@@ -426,7 +426,8 @@ def run_resume(rank: int, stage: int, tmp: Path) -> dict:
             "dendrites": [ctl.num_dendrites, ctl2.num_dendrites],
             "moments_loaded": all(v.abs().sum() > 0 for name, entry in moments.items()
                                   if name != "step" for v in entry.values()),
-            "schedule": schedule, "saved_schedule": saved, "refused": refused, "rank_diff": _rank_diff(again),
+            "schedule": schedule, "saved_schedule": saved, "refused": refused,
+            "rank_diff": _rank_diff(again),
             "latest_has_moments": any(k.startswith("optimizer/") or k.endswith("exp_avg")
                                       for k in _file_tensor_keys(
                                           tmp / f"run_zero{stage}" / "latest.safetensors"))}
