@@ -78,9 +78,10 @@ class FileCheckpointer(Checkpointer):
         return True
 
     def check(self, parts: RunParts, run: SavedRun, rehearsed: bool) -> None:
-        if not rehearsed and not parts.backend.sharded:
+        target = parts.backend.rehearsal_model(parts.model)
+        if not rehearsed and target is not None:
             slot = parts.slot
-            rehearse_checkpoint(parts.model, run, parts.config,
+            rehearse_checkpoint(target, run, parts.config,
                                 slot.recipe if slot.rebuildable else None, slot.scheduler_recipe)
 
     def load_structure(self, model: nn.Module, run: SavedRun) -> None:

@@ -54,11 +54,10 @@ _SPEC_ATTR = "_perfora_wrapper_spec"
 _ENGINE_MODULE_ATTRS = ("pre_bwd_fn", "post_bwd_fn", "applied_pre_backward_ref_cnt",
                         "ds_grads_remaining")
 LOAD_REFUSED = (
-    "loading a checkpoint into a ZeRO-3 engine is not supported (its parameters are "
-    "partitioned and perfora would have to re-partition a whole model at once). Load the "
-    "weights into the plain perforated model first, then wrap it: perfora.load_model(model, "
-    "path); engine = perfora.wrap_deepspeed(model, config, ...); and a new "
-    "GrowthController(engine) (its history starts afresh)")
+    "perfora.resume / GrowthController.from_checkpoint onto a ZeRO-3 engine is not supported "
+    "(its parameters are partitioned: the saved structure cannot be given to them before a "
+    "controller exists). Build the controller on the engine, then load: "
+    "ctl = perfora.GrowthController(engine, ...); engine = ctl.load(path).model")
 
 
 @dataclass
@@ -177,23 +176,35 @@ class DeepSpeedBackend(ReplicatedBackend):
                    for p in unwrap_model(model).parameters())
 
     def unshard(self, model: nn.Module) -> nn.Module:
-        """The model itself (ZeRO 0-2); a ZeRO-3 load is refused."""
-        self.check_load()
-        return model
+        """The model itself (ZeRO 0-2). ZeRO-3: a plain copy on the CPU with the full state
+        (gathered one submodule at a time, a collective), for a checkpoint load; the engine
+        is built again over it afterwards."""
+        if not self.sharded:
+            return model
+        return zero3.unpartitioned_copy(unwrap_model(model), self._template())
 
     def check_load(self) -> None:
-        """Refuse a load into a ZeRO-3 engine, naming the tested workaround."""
+        """Refuse ``from_checkpoint`` onto a ZeRO-3 engine, naming ``controller.load``."""
         if self.sharded:
             raise ParallelError(LOAD_REFUSED)
 
     def shadow(self, model: nn.Module) -> nn.Module | None:
-        """A weightless copy (ZeRO 0-2); None under ZeRO-3."""
-        return None if self.sharded else super().shadow(unwrap_model(model))
+        """A weightless copy (ZeRO-3: of the structure-only template, since the partitioned
+        parameters hide their shapes)."""
+        target = self.spec.template if self.sharded else unwrap_model(model)
+        return None if target is None else super().shadow(target)
+
+    def rehearsal_model(self, model: nn.Module) -> nn.Module | None:
+        """ZeRO-3: the structure-only template (the partitioned model hides its shapes)."""
+        return self.spec.template if self.sharded else model
 
     def rewrap(self, model: nn.Module) -> nn.Module:
-        """Check the structure over ranks, retire the engine in use, build a new one."""
+        """Check the structure over ranks, retire the engine in use, build a new one (over a
+        plain module after a ZeRO-3 load: its structure becomes the template)."""
         module = unwrap_model(model)
         check_same_structure(module)
+        if self.sharded and not any(zero3.is_zero3_param(p) for p in module.parameters()):
+            self.spec.template = None
         return self.spec.wrap(module)
 
     def check_rule(self, rule: str) -> None:
@@ -263,12 +274,10 @@ class DeepSpeedBackend(ReplicatedBackend):
         return self.spec.stage >= 1
 
     def optimizer_state(self, optimizer: Any, model: nn.Module) -> OptimizerState | None:
-        """ZeRO 0-2: the engine's optimizer state whole by parameter name, its groups'
-        learning rates and its scheduler's state (a collective under ZeRO 1-2). None under
-        ZeRO-3 (a load into it is refused), before the first step, and where the state is
-        not read (see :mod:`perfora.parallel.deepspeed_optim`)."""
-        if self.sharded:
-            return None
+        """The engine's optimizer state whole by parameter name (in host memory), its groups'
+        learning rates and its scheduler's state (a collective under ZeRO 1-3). None before
+        the first step, and where the state is not read (see
+        :mod:`perfora.parallel.deepspeed_optim`)."""
         return deepspeed_optim.saved_state(self.spec.engine, unwrap_model(model))
 
     def load_optimizer_state(self, optimizer: Any, model: nn.Module,

@@ -179,15 +179,51 @@ def _shape(p: torch.Tensor) -> tuple[int, ...]:
     return tuple(getattr(p, "ds_shape", p.shape))
 
 
+def _local_slice(value: torch.Tensor, p: nn.Parameter) -> torch.Tensor:
+    """This rank's flat slice of a parameter's whole ``value``, zero-padded as ZeRO-3 pads
+    the last rank's slice (each rank holds ``ds_tensor.numel()`` values, in rank order)."""
+    part = p.ds_tensor
+    size = part.numel()
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    piece = value.detach().flatten()[rank * size:(rank + 1) * size]
+    out = torch.zeros(size, dtype=part.dtype, device=part.device)
+    out[:piece.numel()] = piece.to(part.device, part.dtype)
+    return out.view_as(part)
+
+
+def unpartitioned_copy(module: nn.Module, template: nn.Module) -> nn.Module:
+    """A plain copy of the partitioned ``module`` on the CPU, with its full state (gathered
+    one submodule at a time, a collective), its buffers (non-persistent ones too) and
+    trainable flags: the model a checkpoint load changes before the engine is built again."""
+    plain = copy.deepcopy(template).to_empty(device="cpu")
+    state = full_state(module)
+    with torch.no_grad():
+        for name, tensor in [*plain.named_parameters(), *plain.named_buffers()]:
+            if name in state:
+                tensor.copy_(state[name])
+        live = dict(module.named_buffers())
+        for name, b in plain.named_buffers():
+            if name not in state and name in live:
+                b.copy_(live[name])
+    flags = {name: p.requires_grad for name, p in module.named_parameters()}
+    for name, p in plain.named_parameters():
+        p.requires_grad_(flags.get(name, p.requires_grad))
+    for path, layer in dendritic_layers(module).items():
+        target = dendritic_layers(plain).get(path)
+        for attr in _LIVE_SETTINGS:
+            if target is not None and hasattr(layer, attr):
+                setattr(target, attr, copy.copy(getattr(layer, attr)))
+    return plain
+
+
 def restore(module: nn.Module, template: nn.Module, structure: Mapping[str, Mapping],
             tensors: Mapping[str, torch.Tensor], prepare: Prepare) -> nn.Module:
     """Give ``module`` (partitioned) ``structure`` and ``tensors`` (a :class:`Partitions`
-    snapshot): each dendritic layer rebuilt whole from its gathered slices and partitioned
-    again, one at a time; every other slice copied in place. Returns the new template."""
+    snapshot, or whole tensors, e.g. a loaded run's best snapshot): each dendritic layer
+    rebuilt whole (from its gathered slices) and partitioned again, one at a time; every
+    other parameter's slice copied in place. Returns the new template."""
+    whole = not isinstance(tensors, Partitions)
     shapes: dict[str, Any] = getattr(tensors, "shapes", None) or {}
-    if not isinstance(tensors, Partitions):
-        raise ParallelError("under ZeRO-3 perfora restores only its own snapshots; to load "
-                            "a checkpoint, load it into the plain model, then wrap_deepspeed")
     reference = _reference(module)
     device = local_device(module)
     new_template = copy.deepcopy(template)
@@ -207,7 +243,8 @@ def restore(module: nn.Module, template: nn.Module, structure: Mapping[str, Mapp
             plain = _plain(layers[path], device, reference.ds_tensor.dtype)
             for name, p in plain.named_parameters():
                 key = _join(path, name)
-                p.copy_(_whole_param(tensors[key], shapes[key]).to(device))
+                value = tensors[key] if whole else _whole_param(tensors[key], shapes[key])
+                p.copy_(value.to(device))
             for name, b in plain.named_buffers():
                 b.copy_(tensors[_join(path, name)])
             partition(plain, reference)
@@ -218,8 +255,10 @@ def restore(module: nn.Module, template: nn.Module, structure: Mapping[str, Mapp
         for name, p in module.named_parameters():
             if name in inside:
                 continue
-            target = p.ds_tensor if is_zero3_param(p) else p
-            target.copy_(tensors[name])
+            if is_zero3_param(p):
+                p.ds_tensor.copy_(_local_slice(tensors[name], p) if whole else tensors[name])
+            else:
+                p.copy_(tensors[name])
             p.requires_grad_(trains.get(name, p.requires_grad))
         for name, b in module.named_buffers():
             if name not in inside and name in tensors:

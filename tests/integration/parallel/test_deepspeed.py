@@ -218,6 +218,7 @@ def run_deepspeed(rank: int, stage: int, tmp: Path) -> dict:
         if set(final) == set(best_full) else float("inf")
     snapshot_diff = max((best[1][k] - best_full[k]).abs().max().item() for k in best_full)
     optimizer_is_engines = ctl.optimizer is engine.optimizer
+    dendrites = ctl.num_dendrites
     files = _checkpoint(ctl, engine, stage, tmp / f"zero{stage}.safetensors")
     plain = run_plain()
     plain_diff = max((final[k] - plain["state"][k]).abs().max().item()
@@ -225,7 +226,7 @@ def run_deepspeed(rank: int, stage: int, tmp: Path) -> dict:
     return {"events": events, "plain_events": plain["events"], "out_change": out_change,
             "rank_diff": _rank_diff(final), "plain_diff": plain_diff, "best_diff": best_diff,
             "snapshot_diff": snapshot_diff, **files,
-            "dendrites": ctl.num_dendrites, "engines_distinct": len({id(e) for e in engines}),
+            "dendrites": dendrites, "engines_distinct": len({id(e) for e in engines}),
             "partitioned": all(hasattr(p, "ds_id") for p in engine.module.parameters()),
             "file_keys": sorted(load_checkpoint(files["path"]).tensors["model"])
             == sorted(final),
@@ -236,8 +237,9 @@ def run_deepspeed(rank: int, stage: int, tmp: Path) -> dict:
 
 def _checkpoint(ctl: perfora.GrowthController, engine: nn.Module, stage: int, path: Path
                 ) -> dict:
-    """Save; load into a plain model; under ZeRO-3 the refused load and its workaround (load
-    into the plain model, then wrap), under ZeRO-2 ``controller.load`` itself."""
+    """Save; load into a plain model, and with ``controller.load`` (under ZeRO-3 into a plain
+    copy, then partitioned again); under ZeRO-3 ``from_checkpoint`` onto an engine is
+    refused, naming ``controller.load``."""
     ctl.save(path)
     dist.barrier()
     engine.eval()
@@ -250,20 +252,30 @@ def _checkpoint(ctl: perfora.GrowthController, engine: nn.Module, stage: int, pa
              "model_size": sum(p.numel() for p in reloaded.parameters())}
     with torch.no_grad():
         reloaded_diff = (reloaded(probe()) - out).abs().max().item()
-    if stage == 3:
+    load_refused = None
+    if stage == 3:  # resume onto a fresh ZeRO-3 engine is refused, naming controller.load
         try:
-            ctl.load(path)
+            perfora.GrowthController.from_checkpoint(path, wrap(make_model(), stage))
             load_refused = False
         except perfora.ParallelError as exc:
-            load_refused = "load_model" in str(exc)
-        loaded = wrap(reloaded, stage)  # the workaround the refusal names
-    else:
-        load_refused = None
-        loaded = ctl.load(path).model
+            load_refused = ".load(path)" in str(exc)
+    loaded = ctl.load(path).model
     loaded.eval()
     with torch.no_grad():
         loaded_diff = (loaded(probe()) - out).abs().max().item()
+    # a structure of two sets matched (its weights to be loaded elsewhere): the engine is
+    # rebuilt over it, the same on every rank
+    specs = {path: {**spec, "num_dendrites": 2} for path, spec in
+             load_checkpoint(path).meta["structure"].items()}
+    matched = ctl.match_structure(specs)
+    matched_sets = [layer.num_dendrites for layer in perfora.dendritic_layers(matched).values()]
+    matched_diff = _rank_diff(ctl.backend.full_state(matched))
+    sizes["largest_layer"] = max(sizes["largest_layer"], *(  # the matched layers are larger
+        sum(int(getattr(p, "ds_numel", p.numel())) for p in layer.parameters())
+        for layer in perfora.dendritic_layers(matched).values()))
+    sizes["model_size"] = ctl.parameter_count()
     return {"path": str(path), "reloaded_diff": reloaded_diff, "loaded_diff": loaded_diff,
+            "matched_diff": matched_diff, "matched_sets": matched_sets,
             "load_refused": load_refused, **sizes}
 
 
@@ -372,8 +384,9 @@ def run_auto_undo(rank: int) -> dict:
             "rank_diff": _rank_diff(ctl.backend.full_state(engine))}
 
 
-RESUME_SCORES = [0.5, 0.6, 0.6, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 1.0]
-SAVE_AT = 5  # after the growth at epoch 3 and two epochs of Adam on the grown model
+# growth at epochs 3 and 7, a retry at 9, completion at 11 (each after a rewind to the best)
+RESUME_SCORES = SCORES
+SAVE_AT = 6  # after the first growth, two epochs of Adam, and a best snapshot one epoch old
 
 
 def _schedule(engine: nn.Module) -> list:
@@ -381,41 +394,65 @@ def _schedule(engine: nn.Module) -> list:
 
 
 def _train_epochs(engine: nn.Module, ctl: perfora.GrowthController, rank: int,
-                  epochs: range, path: Path | None = None) -> tuple[nn.Module, list]:
+                  epochs: range, path: Path | None = None) -> tuple[nn.Module, list, list]:
     saved: list = []
+    events: list = []
     for epoch in epochs:
         for step in range(STEPS):
             x, y = data(epoch, step)
             engine.backward(nn.functional.cross_entropy(engine(x[rank::WORLD]),
                                                         y[rank::WORLD]))
             engine.step()
-        engine = ctl.step(RESUME_SCORES[epoch], model=engine).model
+        decision = ctl.step(RESUME_SCORES[epoch], model=engine)
+        engine = decision.model
+        events.append(decision.action)
         if epoch == SAVE_AT and path is not None:
             ctl.save(path)  # on every rank: the moments are read collectively
             saved = _schedule(engine)
-    return engine, saved
+            dist.barrier()  # rank 0 wrote this epoch's run-file checkpoint too
+            events.append(any(k.endswith("exp_avg") for k in _file_tensor_keys(
+                ctl.run_dir / "latest.safetensors")))
+        if decision.complete:
+            break
+    return engine, saved, events
 
 
 def run_resume(rank: int, stage: int, tmp: Path) -> dict:
     """Adam with a StepLR schedule under ZeRO ``stage``, saved after a growth and two
     epochs, then resumed in a new controller and engine: it must end where the
-    uninterrupted run ends. The uninterrupted run also writes run files (whose checkpoints
-    read the moments on every rank: a hang here fails the test)."""
+    uninterrupted run ends, through two more growth steps and rewinds to the loaded best
+    snapshot. The uninterrupted run also writes run files (whose checkpoints read the
+    moments on every rank: a hang here fails the test)."""
     path = tmp / f"resume_zero{stage}.safetensors"
     torch.manual_seed(0)
     engine = wrap(make_model(), stage, adam=True)
     ctl = perfora.GrowthController(engine, **{**settings(), "write_files": True},
                                    run_dir=tmp / f"run_zero{stage}")
-    engine, saved = _train_epochs(engine, ctl, rank, range(len(RESUME_SCORES)), path)
+    engine, saved, events = _train_epochs(engine, ctl, rank, range(len(RESUME_SCORES)), path)
     whole = ctl.backend.full_state(engine)
     dist.barrier()
     resumed = wrap(make_model(), stage, adam=True)
     ctl2 = perfora.GrowthController(resumed, **settings())
+    # a checkpoint of another model is refused before anything changes (under ZeRO-3 the
+    # load is rehearsed on the structure-only template)
+    other = perfora.perforate(nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 3)))
+    bad = tmp / f"other_zero{stage}_rank{rank}.safetensors"
+    perfora.GrowthController(other, **settings()).save(bad)
+    with torch.no_grad():
+        before = resumed(probe())
+    try:
+        ctl2.load(bad)
+        bad_refused = False
+    except perfora.CheckpointError:
+        with torch.no_grad():
+            bad_refused = bool(torch.equal(ctl2.model(probe()), before))
     resumed = ctl2.load(path).model
     moments = engine_moments(resumed, stage)
     schedule = _schedule(resumed)
-    resumed, _ = _train_epochs(resumed, ctl2, rank, range(SAVE_AT + 1, len(RESUME_SCORES)))
+    resumed, _, after = _train_epochs(resumed, ctl2, rank,
+                                      range(SAVE_AT + 1, len(RESUME_SCORES)))
     again = ctl2.backend.full_state(resumed)
+    latest_has_moments = events.pop(SAVE_AT + 1)  # the marker _train_epochs put there
     try:  # Adam's moments do not load into an SGD engine
         perfora.GrowthController(wrap(make_model(), stage), **settings()).load(path)
         refused = ""
@@ -423,14 +460,13 @@ def run_resume(rank: int, stage: int, tmp: Path) -> dict:
         refused = str(exc)
     return {"diff": max((again[k] - whole[k]).abs().max().item() for k in whole)
             if set(again) == set(whole) else None,
-            "dendrites": [ctl.num_dendrites, ctl2.num_dendrites],
+            "dendrites": [ctl.num_dendrites, ctl2.num_dendrites], "events": events,
+            "resumed_events": after,
             "moments_loaded": all(v.abs().sum() > 0 for name, entry in moments.items()
                                   if name != "step" for v in entry.values()),
             "schedule": schedule, "saved_schedule": saved, "refused": refused,
             "rank_diff": _rank_diff(again),
-            "latest_has_moments": any(k.startswith("optimizer/") or k.endswith("exp_avg")
-                                      for k in _file_tensor_keys(
-                                          tmp / f"run_zero{stage}" / "latest.safetensors"))}
+            "latest_has_moments": latest_has_moments, "bad_refused": bad_refused}
 
 
 def _file_tensor_keys(path: Path) -> list[str]:
@@ -446,7 +482,7 @@ def scenarios(rank: int, world: int, tmp: str) -> dict:
             "bf16": run_bf16(rank), "neurons": run_neurons(rank, 2),
             "neurons_zero3": run_neurons(rank, 3), "neurons_zero0": run_neurons(rank, 0, "random"),
             "auto_undo": run_auto_undo(rank),
-            **{f"resume_zero{stage}": run_resume(rank, stage, Path(tmp)) for stage in (2, 0)}}
+            **{f"resume_zero{stage}": run_resume(rank, stage, Path(tmp)) for stage in (3, 2, 0)}}
 
 
 @pytest.mark.timeout(120)
@@ -464,6 +500,7 @@ def test_zero3_zero2_zero0_growth_rewind_checkpoint(tmp_path: Path) -> None:
             assert r[stage]["plain_diff"] is not None and r[stage]["plain_diff"] < 1e-5
             assert r[stage]["best_diff"] < 1e-6 and r[stage]["snapshot_diff"] < 1e-6
             assert r[stage]["reloaded_diff"] < 1e-6 and r[stage]["loaded_diff"] < 1e-6
+            assert r[stage]["matched_diff"] == 0.0 and r[stage]["matched_sets"] == [2, 2], stage
             assert r[stage]["file_keys"]
         assert r0["dendrites"] == 1
         assert r0["engines_distinct"] == 3
@@ -497,16 +534,20 @@ def test_zero3_zero2_zero0_growth_rewind_checkpoint(tmp_path: Path) -> None:
                                              "undone; added neuron step 1 instead"), auto
         assert auto["carried"] == {"kept": True, "zero_new": True, "nonzero": True}
         assert auto["rank_diff"] == 0.0
-    for stage in (2, 0):  # Adam's moments and the LR schedule resume where they were saved
+    for stage in (3, 2, 0):  # Adam's moments and the LR schedule resume where they were saved
         for r in results:
             resume = r[f"resume_zero{stage}"]
             assert resume["diff"] == 0.0, (stage, resume)
             assert resume["dendrites"] == [1, 1] and resume["moments_loaded"], (stage, resume)
+            assert resume["events"][SAVE_AT + 1:] == resume["resumed_events"], resume
+            assert resume["resumed_events"].count("restructure") >= 1, resume
+            assert resume["resumed_events"][-1] == "complete", resume
             assert resume["schedule"] == resume["saved_schedule"], (stage, resume)
             assert resume["schedule"][0] > 0, (stage, resume)
-            if stage == 2:
+            if stage > 0:
                 assert "exp_avg" in resume["refused"], resume
             assert resume["rank_diff"] == 0.0 and resume["latest_has_moments"], (stage, resume)
+            assert resume["bad_refused"], (stage, resume)
     zero2, zero3 = results[0]["neurons"], results[0]["neurons_zero3"]
     assert zero3["shapes"] == zero2["shapes"]  # the same widening, partitioned
     # ZeRO-3 widened one layer pair at a time, never the whole model
