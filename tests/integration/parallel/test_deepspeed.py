@@ -351,9 +351,28 @@ def run_neurons(rank: int, stage: int, init: str = "gradmax") -> dict:
                        for p, layer in perfora.dendritic_layers(engine).items()})
     _stop_recording_gathers()
     state = ctl.backend.full_state(engine)
+    # the widened run saved and loaded into a fresh engine of the narrow model: the widths,
+    # the weights and Adam's moments come back
+    path = Path(os.environ["PERFORA_TEST_TMP"]) / f"neurons_zero{stage}_{init}.safetensors"
+    x, y = data(9, 0)  # one step on the returned model, so that its optimizer has moments
+    engine.train()
+    engine.backward(nn.functional.cross_entropy(engine(x[rank::WORLD]), y[rank::WORLD]))
+    engine.step()
+    state = ctl.backend.full_state(engine)
+    ctl.save(path)
+    moments = engine_moments(engine, stage)
+    torch.manual_seed(0)
+    fresh = wrap(perfora.perforate(nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 8),
+                                                 nn.Tanh(), nn.Linear(8, 3))), stage, adam=True)
+    ctl2 = perfora.GrowthController(fresh, **{**settings(), "growth": "neurons"})
+    fresh = ctl2.load(path).model
+    again = ctl2.backend.full_state(fresh)
+    reloaded = {k: v for k, v in moments_carried(moments, engine_moments(fresh, stage)).items()
+                if k != "zero_new"} == {"kept": True, "nonzero": True} \
+        and set(again) == set(state) and all(torch.equal(again[k], state[k]) for k in state)
     return {"exact": exact, "widths": widths, "rank_diff": _rank_diff(state), "carried": carried,
             "reasons": reasons, "state": {k: v.tolist() for k, v in state.items()},
-            "is_engine": type(engine).__name__,
+            "is_engine": type(engine).__name__, "reloaded": reloaded,
             "largest_gather": max(sizes, default=0),
             "model_size": sum(v.numel() for v in state.values()),
             "shapes": {k: list(v.shape) for k, v in state.items()}}
@@ -476,7 +495,7 @@ def _file_tensor_keys(path: Path) -> list[str]:
 
 def scenarios(rank: int, world: int, tmp: str) -> dict:
     os.environ.update(DS_ACCELERATOR="cpu", LOCAL_RANK=str(rank), RANK=str(rank),
-                      WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world))
+                      WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world), PERFORA_TEST_TMP=tmp)
     _no_shm_op()
     return {**{f"zero{stage}": run_deepspeed(rank, stage, Path(tmp)) for stage in STAGES},
             "bf16": run_bf16(rank), "neurons": run_neurons(rank, 2),
@@ -528,6 +547,7 @@ def test_zero3_zero2_zero0_growth_rewind_checkpoint(tmp_path: Path) -> None:
                                         {"0": 24, "2": 24, "4": 3}], kind
         assert all(neurons[0]["exact"][:2]) and neurons[0]["is_engine"] == "DeepSpeedEngine"
         assert {r["rank_diff"] for r in neurons} == {0.0}
+        assert all(r["reloaded"] for r in neurons), kind
     for r in results:  # the undo's rewind comes before the neuron step: moments still carried
         auto = r["auto_undo"]
         assert auto["reasons"][2].startswith("dendrite set 2 did not beat the best score: "
