@@ -52,3 +52,22 @@ def number_param_groups(groups: list[Mapping[str, Any]]) -> list[dict[str, Any]]
                          "params": list(range(start, start + count))})
         start += count
     return numbered
+
+
+def reindex_by_name(saved: Mapping[str, Any], saved_names: list[str], names: list[str],
+                    groups: list[Mapping[str, Any]]) -> dict:
+    """A state dict saved by parameter name (FSDP1, DeepSpeed) for an optimizer whose
+    parameters are ``names`` (index -> name) in ``groups``: each entry moved to its
+    parameter's index here, the groups numbered as this optimizer's, with the saved learning
+    rates where the group counts agree. ValueError when a saved name is not here."""
+    index = {name: i for i, name in enumerate(names)}
+    state = {}
+    for i, entry in saved["state"].items():
+        if not 0 <= int(i) < len(saved_names) or saved_names[int(i)] not in index:
+            raise ValueError(f"saved optimizer state {i} names no parameter of this optimizer")
+        state[index[saved_names[int(i)]]] = entry
+    numbered = number_param_groups(list(groups))
+    if len(saved["param_groups"]) == len(numbered):
+        for group, kept in zip(numbered, saved["param_groups"], strict=True):
+            group.update({k: kept[k] for k in ("lr", "initial_lr") if k in kept})
+    return {"state": state, "param_groups": numbered}

@@ -267,6 +267,11 @@ def load_saved_state(engine: Any, module: nn.Module, saved: dict[str, Any],
     before anything is written, when it names parameters or shapes this model does not
     have, or a different number of groups."""
     names = list(meta.get("param_names") or [])
+    if saved["state"] and not names:
+        warnings.warn("the checkpoint's optimizer state was saved by index (a torch optimizer, "
+                      "not a DeepSpeed engine): the engine's moments start afresh",
+                      stacklevel=4)
+        return
     shapes = whole_shapes(module)
     states: Moments = {}
     for index, entry in saved["state"].items():

@@ -17,7 +17,7 @@ from torch import nn
 
 from ..checkpoint.format import to_storable
 from ..checkpoint.model_state import shadow_copy
-from ..checkpoint.optimizer_state import split_optimizer_state
+from ..checkpoint.optimizer_state import reindex_by_name, split_optimizer_state
 from ..distributed.fingerprint import check_same_structure
 from ..nn.layers import unwrap_model
 from .base import (
@@ -29,6 +29,7 @@ from .base import (
     optimizer_is_current,
     restore_in_place,
 )
+from .sharded_state import optimizer_param_names
 from .wrappers import WrapperSpec
 
 
@@ -93,7 +94,12 @@ class ReplicatedBackend(ParallelBackend):
 
     def load_optimizer_state(self, optimizer: torch.optim.Optimizer, model: nn.Module,
                              saved: dict[str, Any], meta: dict[str, Any]) -> None:
-        """``optimizer.load_state_dict``: indices match the rebuilt optimizer."""
+        """``optimizer.load_state_dict``: indices match the rebuilt optimizer (a state saved
+        by parameter name, as FSDP1 and DeepSpeed save it, is put at each name's index)."""
+        names = meta.get("param_names")
+        if names:
+            saved = reindex_by_name(saved, list(names), optimizer_param_names(
+                optimizer, unwrap_model(model)), optimizer.param_groups)
         optimizer.load_state_dict(saved)
 
 

@@ -549,3 +549,31 @@ def test_a_completed_run_that_rewound_to_no_dendrites_saves_a_loadable_checkpoin
     assert again.completed and again.num_dendrites == 0
     for (name, a), (_, b) in zip(model.state_dict().items(), fresh.state_dict().items()):
         assert torch.equal(a, b), name
+
+
+def test_optimizer_state_saved_by_name_loads_onto_each_parameter() -> None:
+    """A state saved by parameter name (as FSDP1 and DeepSpeed save it), in another order
+    than this optimizer's, lands on the parameter of each name, not on the same index."""
+    from perfora.parallel import backend_of
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2))
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    model(torch.randn(5, 3)).sum().backward()
+    optimizer.step()
+    names = [n for n, _ in model.named_parameters()]
+    order = list(reversed(names))  # the saving side numbered them the other way round
+    params = dict(model.named_parameters())
+    saved = {"state": {i: {k: v.clone() for k, v in optimizer.state[params[n]].items()}
+                       for i, n in enumerate(order)},
+             "param_groups": [{**{k: v for k, v in optimizer.param_groups[0].items()
+                                  if k != "params"}, "lr": 0.005,
+                               "params": list(range(len(order)))}]}
+    fresh = torch.optim.Adam(model.parameters(), lr=0.01)
+    backend_of(model).load_optimizer_state(fresh, model, saved, {"param_names": order})
+    for name, p in params.items():
+        assert torch.equal(fresh.state[p]["exp_avg"], optimizer.state[p]["exp_avg"]), name
+    assert fresh.param_groups[0]["lr"] == 0.005
+    with pytest.raises(ValueError, match="names no parameter"):
+        backend_of(model).load_optimizer_state(fresh, model, saved,
+                                               {"param_names": ["other"] * len(order)})
