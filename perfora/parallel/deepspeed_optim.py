@@ -11,7 +11,7 @@ leaves every moment at zero, then writes the kept ones. Under ZeRO-0 in fp32 the
 optimizer is the torch optimizer itself, keyed by the module's parameters. Other set-ups (a
 bf16 or fp16 wrapper without ZeRO, offloaded optimizers) are not read: their moments restart
 at zero, as before. :func:`saved_state` and :func:`load_saved_state` put the same state in a
-checkpoint file and back (ZeRO 0-2), with the groups' learning rates and the engine's LR
+checkpoint file and back (ZeRO 0-3), with the groups' learning rates and the engine's LR
 scheduler state, so a resumed run continues exactly. Relies on DeepSpeed internals; tested
 with deepspeed 0.19.8.
 """
