@@ -72,6 +72,13 @@ class FileCheckpointer(Checkpointer):
                       scheduler: SchedulerRecipe | None) -> bool:
         # rehearsed on a weightless copy first: a file that does not fit raises here, before
         # the model is converted or resized
+        target = backend.rehearsal_model(model)
+        if target is not None and target is not model:
+            # the model hides its shapes (a ZeRO-3 engine): rehearsed on its template; the
+            # controller's load gives it the structure (on an unsharded copy)
+            rehearse_checkpoint(target, run, config, optimizer, scheduler,
+                                activation=config.activation)
+            return True
         rehearse_checkpoint(model, run, config, optimizer, scheduler,
                             activation=config.activation)
         fit_structure(model, run.structure, run.source)

@@ -134,7 +134,7 @@ class CheckpointMethods:
         ``optimizer_args``, ``scheduler``, ``scheduler_args``, ``run_dir``, settings).
         ``config`` replaces the saved settings (default: the checkpoint's)."""
         backend = backend_of(model)
-        backend.check_load()  # a ZeRO-3 engine refuses, naming the workaround
+        backend.check_load()  # a backend that cannot take a load refuses, naming what to do
         reader = checkpointer_for(path)
         run = reader.read(path)
         config = run.settings(config, settings)

@@ -53,13 +53,6 @@ DEEPSPEED_KIND = "deepspeed"
 _SPEC_ATTR = "_perfora_wrapper_spec"
 _ENGINE_MODULE_ATTRS = ("pre_bwd_fn", "post_bwd_fn", "applied_pre_backward_ref_cnt",
                         "ds_grads_remaining")
-LOAD_REFUSED = (
-    "perfora.resume / GrowthController.from_checkpoint onto a ZeRO-3 engine is not supported "
-    "(its parameters are partitioned: the saved structure cannot be given to them before a "
-    "controller exists). Build the controller on the engine, then load: "
-    "ctl = perfora.GrowthController(engine, ...); engine = ctl.load(path).model")
-
-
 @dataclass
 class DeepSpeedSpec:
     """How to build the engine again: config, optimizer and scheduler recipes, arguments."""
@@ -184,9 +177,7 @@ class DeepSpeedBackend(ReplicatedBackend):
         return zero3.unpartitioned_copy(unwrap_model(model), self._template())
 
     def check_load(self) -> None:
-        """Refuse ``from_checkpoint`` onto a ZeRO-3 engine, naming ``controller.load``."""
-        if self.sharded:
-            raise ParallelError(LOAD_REFUSED)
+        """Checkpoints load into every stage (under ZeRO-3 through an unsharded copy)."""
 
     def shadow(self, model: nn.Module) -> nn.Module | None:
         """A weightless copy (ZeRO-3: of the structure-only template, since the partitioned

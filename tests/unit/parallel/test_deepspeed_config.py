@@ -173,15 +173,6 @@ def test_dcp_and_rules_refused_under_zero3() -> None:
     assert ctl.backend.sharded
 
 
-def test_resume_onto_a_zero3_engine_names_controller_load(tmp_path: Path) -> None:
-    plain = perfora.GrowthController(_model(), write_files=False)
-    plain.save(tmp_path / "run.safetensors")
-    with pytest.raises(ParallelError, match=r"ctl\.load\(path\)"):
-        perfora.GrowthController.from_checkpoint(tmp_path / "run.safetensors", _engine(ZERO3))
-    with pytest.raises(ParallelError, match=r"ctl\.load\(path\)"):
-        perfora.resume(_engine(ZERO3), tmp_path / "run.safetensors")
-
-
 def test_lightning_zero3_points_to_wrap_deepspeed() -> None:
     pytest.importorskip("deepspeed")
     strategies = pytest.importorskip("lightning.pytorch.strategies")
