@@ -83,3 +83,12 @@ def all_reduce_values(t: torch.Tensor, op: str = "sum") -> torch.Tensor:
     out = t.detach().to(_reduce_device(), copy=True)
     dist.all_reduce(out, op=ops[op])
     return out.to(t.device)
+
+
+def rank_zero_decides(flag: bool) -> bool:
+    """Rank 0's ``flag`` on every rank (a collective; ``flag`` itself when not distributed):
+    for choices every rank must make alike that only rank 0 should make, e.g. by its clock."""
+    if not is_distributed():
+        return flag
+    mine = torch.tensor([1.0 if flag and is_rank_zero() else 0.0])
+    return bool(all_reduce_values(mine, "max").item() > 0)

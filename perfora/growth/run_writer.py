@@ -21,7 +21,7 @@ from .._version import __version__
 from ..checkpoint.dcp import DCP_SUFFIX
 from ..checkpoint.format import to_storable
 from ..config import PerforaConfig
-from ..distributed.collectives import is_rank_zero
+from ..distributed.collectives import is_rank_zero, rank_zero_decides
 from ..parallel.base import ParallelBackend
 from .checkpointer import checkpointer_for, warn_single_process
 from .file_checkpointer import FILE_SUFFIX
@@ -68,10 +68,11 @@ class RunWriter:
         (``history_lookback`` are enough); without one the checkpoint holds them all."""
         return self.config.history_lookback if self.report is not None else None
 
-    def due(self, action: str, epoch: int, sharded: bool) -> bool:
+    def due(self, action: str, epoch: int, sharded: bool, agree: bool = False) -> bool:
         """Whether this epoch's report writes checkpoints: restructures and the end always,
         plain epochs every ``latest_every`` when the time budget allows (not when sharded:
-        every rank must decide alike)."""
+        every rank must decide alike). ``agree``: every rank reads the state for the file
+        (DeepSpeed's optimizer), so rank 0's clock decides for all (a collective)."""
         cfg = self.config
         if not self.saves_checkpoints:
             return False
@@ -82,7 +83,8 @@ class RunWriter:
         budget = cfg.checkpoint_time_budget
         if sharded or budget is None:
             return True
-        return time.perf_counter() - self._last_write >= self._write_cost / budget
+        wanted = time.perf_counter() - self._last_write >= self._write_cost / budget
+        return rank_zero_decides(wanted) if agree else wanted
 
     def file_path(self, name: str) -> Path:
         """``run_dir/<name>.safetensors``."""
@@ -123,8 +125,8 @@ class RunWriter:
         """After one report: metrics, checkpoints when due, summaries after a decision."""
         checkpointer = self.checkpointer(parts.backend)
         collective = checkpointer.collective
-        due = self.due(action, parts.state.epoch,
-                       parts.backend.capture_is_collective or collective)
+        due = self.due(action, parts.state.epoch, parts.backend.sharded or collective,
+                       agree=parts.backend.capture_is_collective)
         gathered = self.gather(parts, checkpointer, due)
         if self.writes:
             assert self.report is not None

@@ -16,6 +16,7 @@ from torch import nn
 
 import perfora
 from perfora.checkpoint.format import load_checkpoint
+from perfora.distributed.collectives import rank_zero_decides
 from tests.support.ranks import run_world
 
 pytest.importorskip("deepspeed")
@@ -438,7 +439,8 @@ def run_resume(rank: int, stage: int, tmp: Path) -> dict:
     path = tmp / f"resume_zero{stage}.safetensors"
     torch.manual_seed(0)
     engine = wrap(make_model(), stage, adam=True)
-    ctl = perfora.GrowthController(engine, **{**settings(), "write_files": True},
+    ctl = perfora.GrowthController(engine, **{**settings(), "write_files": True,
+                                              "checkpoint_time_budget": None},
                                    run_dir=tmp / f"run_zero{stage}")
     engine, saved, events = _train_epochs(engine, ctl, rank, range(len(RESUME_SCORES)), path)
     whole = ctl.backend.full_state(engine)
@@ -510,6 +512,25 @@ def _file_tensor_keys(path: Path) -> list[str]:
     return [f"{group}/{key}" for group, tensors in ckpt.tensors.items() for key in tensors]
 
 
+def run_time_budget(rank: int, tmp: Path) -> dict:
+    """Run files under ZeRO-2 with the default time budget: each plain epoch's write is
+    decided by rank 0's clock for every rank, since every rank reads the moments for it
+    (ranks deciding apart would hang here)."""
+    engine = wrap(make_model(), 2, adam=True)
+    ctl = perfora.GrowthController(engine, **{**settings(), "write_files": True},
+                                   run_dir=tmp / "time_budget")
+    for epoch in range(8):
+        x, y = data(epoch, 0)
+        engine.backward(nn.functional.cross_entropy(engine(x[rank::WORLD]), y[rank::WORLD]))
+        engine.step()
+        engine = ctl.step(0.1 * epoch, model=engine).model
+    ctl.finish()
+    dist.barrier()
+    latest = load_checkpoint(tmp / "time_budget" / "latest.safetensors")
+    return {"epoch": latest.meta["controller"]["epoch"],
+            "moments": any(k.endswith("exp_avg") for k in latest.tensors.get("optimizer", {}))}
+
+
 def scenarios(rank: int, world: int, tmp: str) -> dict:
     os.environ.update(DS_ACCELERATOR="cpu", LOCAL_RANK=str(rank), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world), PERFORA_TEST_TMP=tmp)
@@ -518,7 +539,10 @@ def scenarios(rank: int, world: int, tmp: str) -> dict:
             "bf16": run_bf16(rank), "neurons": run_neurons(rank, 2),
             "neurons_zero3": run_neurons(rank, 3), "neurons_zero0": run_neurons(rank, 0, "random"),
             "auto_undo": run_auto_undo(rank),
-            **{f"resume_zero{stage}": run_resume(rank, stage, Path(tmp)) for stage in (3, 2, 0)}}
+            **{f"resume_zero{stage}": run_resume(rank, stage, Path(tmp)) for stage in (3, 2, 0)},
+            "time_budget": run_time_budget(rank, Path(tmp)),
+            "rank_zero_decides": [rank_zero_decides(flag) for flag in
+                                  (rank == 0, rank == 1, True, False)]}
 
 
 @pytest.mark.timeout(120)
@@ -586,6 +610,10 @@ def test_zero3_zero2_zero0_growth_rewind_checkpoint(tmp_path: Path) -> None:
             assert resume["rank_diff"] == 0.0 and resume["latest_has_moments"], (stage, resume)
             assert resume["bad_refused"] and resume["plain_by_name"], (stage, resume)
             assert resume["resume_same"], (stage, resume)
+    # the run writer's time budget: rank 0's clock decides for every rank
+    assert [r["rank_zero_decides"] for r in results] == [[True, False, True, False]] * 2
+    # finish() writes latest, with the moments read on every rank
+    assert [r["time_budget"] for r in results] == [{"epoch": 8, "moments": True}] * 2
     zero2, zero3 = results[0]["neurons"], results[0]["neurons_zero3"]
     assert zero3["shapes"] == zero2["shapes"]  # the same widening, partitioned
     # ZeRO-3 widened one layer pair at a time, never the whole model
