@@ -8,7 +8,9 @@ Under ZeRO 1-3 each rank holds a slice of flat fp32 partitions, and the optimize
 yet (the optimizer makes it at its first step), so :func:`write_moments` first takes one step
 at learning rate 0 over zero gradients and puts the partitions back as they were, which
 leaves every moment at zero, then writes the kept ones. Under ZeRO-0 in fp32 the engine's
-optimizer is the torch optimizer itself, keyed by the module's parameters. Other set-ups (a
+optimizer is the torch optimizer itself, keyed by the module's parameters; DeepSpeed's
+BF16_Optimizer (bf16 under ZeRO-1 with fp32 gradient accumulation) keeps flat fp32 partitions
+as ZeRO 1-2 do. Other set-ups (a
 bf16 or fp16 wrapper without ZeRO, offloaded optimizers) are not read: their moments restart
 at zero, as before. :func:`saved_state` and :func:`load_saved_state` put the same state in a
 checkpoint file and back (ZeRO 0-3), with the groups' learning rates and the engine's LR
@@ -31,13 +33,23 @@ Moments = dict[str, dict[str, Any]]
 scalars such as ``step`` as they are)."""
 
 
+_FLAT_PARTITIONS = ("single_partition_of_fp32_groups",  # ZeRO 1-2
+                    "fp32_groups_flat_partition",  # BF16_Optimizer (bf16, ZeRO-1, fp32 grads)
+                    "fp32_partitioned_groups_flat")  # ZeRO-3
+"""Where each optimizer keeps the flat fp32 partitions its inner optimizer steps."""
+
+
 def _zero_optimizer(engine: Any) -> Any:
-    """The engine's ZeRO optimizer (stages 1-3), or None."""
+    """The engine's partitioned optimizer (ZeRO stages 1-3, or the BF16_Optimizer DeepSpeed
+    uses for bf16 under ZeRO-1 with fp32 gradient accumulation), or None."""
     optimizer = getattr(engine, "optimizer", None)
-    if hasattr(optimizer, "single_partition_of_fp32_groups") \
-            or hasattr(optimizer, "fp32_partitioned_groups_flat"):
+    if any(hasattr(optimizer, name) for name in _FLAT_PARTITIONS):
         return optimizer
     return None
+
+
+def _is_stage3(zero: Any) -> bool:
+    return hasattr(zero, "fp32_partitioned_groups_flat")
 
 
 def _plain_optimizer(engine: Any, module: nn.Module) -> torch.optim.Optimizer | None:
@@ -52,9 +64,11 @@ def _plain_optimizer(engine: Any, module: nn.Module) -> torch.optim.Optimizer | 
 
 
 def _partitions(zero: Any) -> list[torch.Tensor]:
-    """The flat fp32 partitions the inner optimizer steps (ZeRO 1-2, or 3)."""
-    flats = getattr(zero, "single_partition_of_fp32_groups", None)
-    return list(flats if flats is not None else zero.fp32_partitioned_groups_flat)
+    """The flat fp32 partitions the inner optimizer steps."""
+    for name in _FLAT_PARTITIONS:
+        if hasattr(zero, name):
+            return list(getattr(zero, name))
+    return []
 
 
 def _partition_states(zero: Any) -> Iterator[dict[str, Any]]:
@@ -136,10 +150,10 @@ def write_moments(engine: Any, module: nn.Module, states: Moments) -> bool:
             continue
         for key, value in states[name].items():
             if isinstance(value, torch.Tensor) and value.dim() > 0:
-                if hasattr(zero, "single_partition_of_fp32_groups"):
-                    safe_set_full_optimizer_state(param, value, key)
-                else:
+                if _is_stage3(zero):
                     _set_zero3_slice(zero, param, value, key)
+                else:
+                    safe_set_full_optimizer_state(param, value, key)
             else:
                 scalars[key] = value
     for state in _partition_states(zero):
@@ -172,7 +186,7 @@ def _make_state(zero: Any) -> None:
         return
     kept = [flat.detach().clone() for flat in flats]
     lrs = [group["lr"] for group in inner.param_groups]
-    stage3 = not hasattr(zero, "single_partition_of_fp32_groups")
+    stage3 = _is_stage3(zero)
     try:
         for group in inner.param_groups:
             group["lr"] = 0.0
@@ -203,7 +217,8 @@ def _group_names(engine: Any, module: nn.Module) -> list[list[str]]:
     module's parameters of group ``i`` in ``bit16_groups[i]``; ZeRO-0 in the groups)."""
     names = {id(p): name for name, p in module.named_parameters()}
     optimizer = engine.optimizer
-    groups = getattr(optimizer, "bit16_groups", None) or getattr(optimizer, "fp16_groups", None)
+    groups = getattr(optimizer, "bit16_groups", None) or getattr(optimizer, "bf16_groups", None) \
+        or getattr(optimizer, "fp16_groups", None)
     if groups is None:
         groups = [group["params"] for group in optimizer.param_groups]
     return [[names[id(p)] for p in group if id(p) in names] for group in groups]

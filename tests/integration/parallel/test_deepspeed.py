@@ -512,6 +512,39 @@ def _file_tensor_keys(path: Path) -> list[str]:
     return [f"{group}/{key}" for group, tensors in ckpt.tensors.items() for key in tensors]
 
 
+def run_bf16_zero1(rank: int, tmp: Path) -> dict:
+    """bf16 under ZeRO-1 with fp32 gradient accumulation, where DeepSpeed steps through its
+    BF16_Optimizer: a neuron step carries Adam's moments, and a checkpoint holds them."""
+    torch.manual_seed(0)
+    engine = wrap(perfora.perforate(nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))),
+                  1, adam=True, bf16={"enabled": True}, data_types={"grad_accum_dtype": "fp32"})
+    kind = type(engine.optimizer).__name__
+    ctl = perfora.GrowthController(engine, **{**settings(), "growth": "neurons",
+                                              "max_neuron_steps": 1, "switch_mode": "every_epoch"})
+
+    def train(engine: nn.Module, epoch: int) -> None:
+        x, y = data(epoch, 0)
+        engine.backward(nn.functional.cross_entropy(engine(x[rank::WORLD].bfloat16()).float(),
+                                                    y[rank::WORLD]))
+        engine.step()
+
+    train(engine, 0)
+    moments = engine_moments(engine, 1)
+    engine = ctl.step(0.5, model=engine).model
+    carried = moments_carried(moments, engine_moments(engine, 1))
+    train(engine, 1)
+    path = tmp / "bf16_zero1.safetensors"
+    ctl.save(path)
+    moments = engine_moments(engine, 1)
+    fresh = wrap(perfora.perforate(nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))),
+                 1, adam=True, bf16={"enabled": True}, data_types={"grad_accum_dtype": "fp32"})
+    fresh = perfora.GrowthController(fresh, **settings()).load(path).model
+    loaded = engine_moments(fresh, 1)
+    return {"kind": kind, "carried": carried,
+            "reloaded": all(torch.equal(loaded[n][k], v) for n, e in moments.items()
+                            for k, v in e.items())}
+
+
 def run_time_budget(rank: int, tmp: Path) -> dict:
     """Run files under ZeRO-2 with the default time budget: each plain epoch's write is
     decided by rank 0's clock for every rank, since every rank reads the moments for it
@@ -541,6 +574,7 @@ def scenarios(rank: int, world: int, tmp: str) -> dict:
             "auto_undo": run_auto_undo(rank),
             **{f"resume_zero{stage}": run_resume(rank, stage, Path(tmp)) for stage in (3, 2, 0)},
             "time_budget": run_time_budget(rank, Path(tmp)),
+            "bf16_zero1": run_bf16_zero1(rank, Path(tmp)),
             "rank_zero_decides": [rank_zero_decides(flag) for flag in
                                   (rank == 0, rank == 1, True, False)]}
 
@@ -610,6 +644,9 @@ def test_zero3_zero2_zero0_growth_rewind_checkpoint(tmp_path: Path) -> None:
             assert resume["rank_diff"] == 0.0 and resume["latest_has_moments"], (stage, resume)
             assert resume["bad_refused"] and resume["plain_by_name"], (stage, resume)
             assert resume["resume_same"], (stage, resume)
+    for r in results:  # DeepSpeed's BF16_Optimizer (bf16, ZeRO-1, fp32 gradients) too
+        assert r["bf16_zero1"] == {"kind": "BF16_Optimizer", "reloaded": True, "carried": {
+            "kept": True, "zero_new": True, "nonzero": True}}, r["bf16_zero1"]
     # the run writer's time budget: rank 0's clock decides for every rank
     assert [r["rank_zero_decides"] for r in results] == [[True, False, True, False]] * 2
     # finish() writes latest, with the moments read on every rank
