@@ -8,13 +8,14 @@ Under ZeRO 1-3 each rank holds a slice of flat fp32 partitions, and the optimize
 yet (the optimizer makes it at its first step), so :func:`write_moments` first takes one step
 at learning rate 0 over zero gradients and puts the partitions back as they were, which
 leaves every moment at zero, then writes the kept ones. Under ZeRO-0 in fp32 the engine's
-optimizer is the torch optimizer itself, keyed by the module's parameters; DeepSpeed's
-BF16_Optimizer (bf16 under ZeRO-1 with fp32 gradient accumulation) keeps flat fp32 partitions
-as ZeRO 1-2 do. Other set-ups (a
-bf16 or fp16 wrapper without ZeRO, offloaded optimizers) are not read: their moments restart
-at zero, as before. :func:`saved_state` and :func:`load_saved_state` put the same state in a
-checkpoint file and back (ZeRO 0-3), with the groups' learning rates and the engine's LR
-scheduler state, so a resumed run continues exactly. Relies on DeepSpeed internals; tested
+optimizer is the torch optimizer itself, keyed by the module's parameters; under ZeRO-0 in
+bf16 (DeepSpeed's unfused wrapper) it is keyed by each parameter's fp32 master copy; and
+DeepSpeed's BF16_Optimizer (bf16 under ZeRO-1 with fp32 gradient accumulation) keeps flat
+fp32 partitions as ZeRO 1-2 do. Other set-ups (the fused fp16 wrapper, offloaded optimizers)
+are not read: their moments restart at zero. :func:`saved_state` and
+:func:`load_saved_state` put the same state in a checkpoint file and back (ZeRO 0-3), with
+the groups' learning rates and the engine's LR scheduler state, so a resumed run continues
+exactly. Relies on DeepSpeed internals; tested
 with deepspeed 0.19.8.
 """
 
@@ -63,6 +64,19 @@ def _plain_optimizer(engine: Any, module: nn.Module) -> torch.optim.Optimizer | 
     return optimizer if held and all(id(p) in own for p in held) else None
 
 
+def _fp32_masters(engine: Any, module: nn.Module) -> dict[str, torch.Tensor] | None:
+    """Each parameter's fp32 master copy, by name, where the engine's optimizer keeps one per
+    parameter (the unfused bf16/fp16 wrapper DeepSpeed uses without ZeRO); else None."""
+    optimizer = getattr(engine, "optimizer", None)
+    lows, highs = getattr(optimizer, "fp16_groups", None), getattr(optimizer, "fp32_groups", None)
+    if _zero_optimizer(engine) is not None or not lows or not highs \
+            or not all(isinstance(group, list) for group in highs):
+        return None
+    names = {id(p): name for name, p in module.named_parameters()}
+    return {names[id(low)]: high for lgroup, hgroup in zip(lows, highs, strict=True)
+            for low, high in zip(lgroup, hgroup, strict=True) if id(low) in names}
+
+
 def _partitions(zero: Any) -> list[torch.Tensor]:
     """The flat fp32 partitions the inner optimizer steps."""
     for name in _FLAT_PARTITIONS:
@@ -93,6 +107,13 @@ def read_moments(engine: Any, module: nn.Module) -> tuple[Moments, dict[str, tor
                   if plain.state.get(p)}
         return states, {name: p.shape for name, p in module.named_parameters()
                         if name in states}
+    masters = _fp32_masters(engine, module)
+    if masters is not None:
+        inner = engine.optimizer.optimizer
+        states = {name: {k: v.detach().clone() if isinstance(v, torch.Tensor) else v
+                         for k, v in inner.state[master].items()}
+                  for name, master in masters.items() if inner.state.get(master)}
+        return states, {name: masters[name].shape for name in states}
     zero = _zero_optimizer(engine)
     if zero is None or getattr(zero, "cpu_offload", False) \
             or getattr(zero, "offload_optimizer", False):
@@ -134,6 +155,15 @@ def write_moments(engine: Any, module: nn.Module, states: Moments) -> bool:
         for name, entry in states.items():
             if name in params:
                 plain.state[params[name]] = entry
+        return True
+    masters = _fp32_masters(engine, module)
+    if masters is not None:
+        inner = engine.optimizer.optimizer
+        for name, entry in states.items():
+            if name in masters:
+                inner.state[masters[name]] = {
+                    k: v.to(masters[name].device) if isinstance(v, torch.Tensor) else v
+                    for k, v in entry.items()}
         return True
     zero = _zero_optimizer(engine)
     if zero is None or getattr(zero, "cpu_offload", False) \

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import weakref
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -512,12 +513,19 @@ def _file_tensor_keys(path: Path) -> list[str]:
     return [f"{group}/{key}" for group, tensors in ckpt.tensors.items() for key in tensors]
 
 
-def run_bf16_zero1(rank: int, tmp: Path) -> dict:
-    """bf16 under ZeRO-1 with fp32 gradient accumulation, where DeepSpeed steps through its
-    BF16_Optimizer: a neuron step carries Adam's moments, and a checkpoint holds them."""
+BF16_SETUPS = {  # DeepSpeed's bf16 wrappers: (stage, config)
+    "BF16_Optimizer": (1, {"bf16": {"enabled": True}, "data_types": {"grad_accum_dtype": "fp32"}}),
+    "FP16_UnfusedOptimizer": (0, {"bf16": {"enabled": True}}),
+}
+
+
+def run_bf16_wrapper(rank: int, tmp: Path, wrapper: str) -> dict:
+    """bf16 through one of DeepSpeed's wrappers (``BF16_SETUPS``): a neuron step carries
+    Adam's moments, and a checkpoint holds them."""
+    stage, extra = BF16_SETUPS[wrapper]
     torch.manual_seed(0)
     engine = wrap(perfora.perforate(nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))),
-                  1, adam=True, bf16={"enabled": True}, data_types={"grad_accum_dtype": "fp32"})
+                  stage, adam=True, **extra)
     kind = type(engine.optimizer).__name__
     ctl = perfora.GrowthController(engine, **{**settings(), "growth": "neurons",
                                               "max_neuron_steps": 1, "switch_mode": "every_epoch"})
@@ -528,21 +536,34 @@ def run_bf16_zero1(rank: int, tmp: Path) -> dict:
                                                     y[rank::WORLD]))
         engine.step()
 
+    read = partial(wrapper_moments, wrapper=wrapper)
     train(engine, 0)
-    moments = engine_moments(engine, 1)
+    moments = read(engine)
     engine = ctl.step(0.5, model=engine).model
-    carried = moments_carried(moments, engine_moments(engine, 1))
+    carried = moments_carried(moments, read(engine))
     train(engine, 1)
-    path = tmp / "bf16_zero1.safetensors"
+    path = tmp / f"{wrapper}.safetensors"
     ctl.save(path)
-    moments = engine_moments(engine, 1)
+    moments = read(engine)
     fresh = wrap(perfora.perforate(nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))),
-                 1, adam=True, bf16={"enabled": True}, data_types={"grad_accum_dtype": "fp32"})
+                 stage, adam=True, **extra)
     fresh = perfora.GrowthController(fresh, **settings()).load(path).model
-    loaded = engine_moments(fresh, 1)
+    loaded = read(fresh)
     return {"kind": kind, "carried": carried,
             "reloaded": all(torch.equal(loaded[n][k], v) for n, e in moments.items()
                             for k, v in e.items())}
+
+
+def wrapper_moments(engine: nn.Module, wrapper: str) -> dict[str, dict[str, torch.Tensor]]:
+    """Adam's moments per parameter, whole: through DeepSpeed's API (BF16_Optimizer), or
+    from each parameter's fp32 master copy (the unfused wrapper)."""
+    if wrapper == "BF16_Optimizer":
+        return engine_moments(engine, 1)
+    optimizer = engine.optimizer
+    names = {id(p): n for n, p in engine.module.named_parameters()}
+    return {names[id(low)]: {k: v.clone() for k, v in optimizer.optimizer.state[high].items()}
+            for lows, highs in zip(optimizer.fp16_groups, optimizer.fp32_groups, strict=True)
+            for low, high in zip(lows, highs, strict=True)}
 
 
 def run_time_budget(rank: int, tmp: Path) -> dict:
@@ -574,7 +595,7 @@ def scenarios(rank: int, world: int, tmp: str) -> dict:
             "auto_undo": run_auto_undo(rank),
             **{f"resume_zero{stage}": run_resume(rank, stage, Path(tmp)) for stage in (3, 2, 0)},
             "time_budget": run_time_budget(rank, Path(tmp)),
-            "bf16_zero1": run_bf16_zero1(rank, Path(tmp)),
+            **{f"bf16_{w}": run_bf16_wrapper(rank, Path(tmp), w) for w in BF16_SETUPS},
             "rank_zero_decides": [rank_zero_decides(flag) for flag in
                                   (rank == 0, rank == 1, True, False)]}
 
@@ -644,9 +665,10 @@ def test_zero3_zero2_zero0_growth_rewind_checkpoint(tmp_path: Path) -> None:
             assert resume["rank_diff"] == 0.0 and resume["latest_has_moments"], (stage, resume)
             assert resume["bad_refused"] and resume["plain_by_name"], (stage, resume)
             assert resume["resume_same"], (stage, resume)
-    for r in results:  # DeepSpeed's BF16_Optimizer (bf16, ZeRO-1, fp32 gradients) too
-        assert r["bf16_zero1"] == {"kind": "BF16_Optimizer", "reloaded": True, "carried": {
-            "kept": True, "zero_new": True, "nonzero": True}}, r["bf16_zero1"]
+    for r in results:  # DeepSpeed's bf16 wrappers too
+        for wrapper in BF16_SETUPS:
+            assert r[f"bf16_{wrapper}"] == {"kind": wrapper, "reloaded": True, "carried": {
+                "kept": True, "zero_new": True, "nonzero": True}}, r[f"bf16_{wrapper}"]
     # the run writer's time budget: rank 0's clock decides for every rank
     assert [r["rank_zero_decides"] for r in results] == [[True, False, True, False]] * 2
     # finish() writes latest, with the moments read on every rank
