@@ -336,7 +336,7 @@ def load_saved_state(engine: Any, module: nn.Module, saved: dict[str, Any],
                          f"engine's optimizer has {len(groups)}")
     if states and not write_moments(engine, module, states):
         warnings.warn("this DeepSpeed set-up's optimizer state is not written (an offloaded "
-                      "optimizer, or a bf16/fp16 wrapper without ZeRO): the moments restart "
+                      "optimizer, or the fused fp16 wrapper): the moments restart "
                       "at zero", stacklevel=4)
     for group, kept in zip(groups, saved["param_groups"], strict=True):
         group.update({k: kept[k] for k in ("lr", "initial_lr") if k in kept})
