@@ -9,9 +9,11 @@ yet (the optimizer makes it at its first step), so :func:`write_moments` first t
 at learning rate 0 over zero gradients and puts the partitions back as they were, which
 leaves every moment at zero, then writes the kept ones. Under ZeRO-0 in fp32 the engine's
 optimizer is the torch optimizer itself, keyed by the module's parameters; under ZeRO-0 in
-bf16 (DeepSpeed's unfused wrapper) it is keyed by each parameter's fp32 master copy; and
+bf16 or fp16 (DeepSpeed's unfused wrapper around a torch optimizer) it is keyed by each
+parameter's fp32 master copy; and
 DeepSpeed's BF16_Optimizer (bf16 under ZeRO-1 with fp32 gradient accumulation) keeps flat
-fp32 partitions as ZeRO 1-2 do. Other set-ups (the fused fp16 wrapper, offloaded optimizers)
+fp32 partitions as ZeRO 1-2 do. Other set-ups (the fused wrapper around DeepSpeed's own
+fused optimizers, offloaded optimizers)
 are not read: their moments restart at zero. :func:`saved_state` and
 :func:`load_saved_state` put the same state in a checkpoint file and back (ZeRO 0-3), with
 the groups' learning rates and the engine's LR scheduler state, so a resumed run continues
@@ -336,7 +338,7 @@ def load_saved_state(engine: Any, module: nn.Module, saved: dict[str, Any],
                          f"engine's optimizer has {len(groups)}")
     if states and not write_moments(engine, module, states):
         warnings.warn("this DeepSpeed set-up's optimizer state is not written (an offloaded "
-                      "optimizer, or the fused fp16 wrapper): the moments restart "
+                      "optimizer, or the fused wrapper of FusedAdam): the moments restart "
                       "at zero", stacklevel=4)
     for group, kept in zip(groups, saved["param_groups"], strict=True):
         group.update({k: kept[k] for k in ("lr", "initial_lr") if k in kept})
