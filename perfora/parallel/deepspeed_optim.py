@@ -10,15 +10,13 @@ at learning rate 0 over zero gradients and puts the partitions back as they were
 leaves every moment at zero, then writes the kept ones. Under ZeRO-0 in fp32 the engine's
 optimizer is the torch optimizer itself, keyed by the module's parameters; under ZeRO-0 in
 bf16 or fp16 (DeepSpeed's unfused wrapper around a torch optimizer) it is keyed by each
-parameter's fp32 master copy; and
-DeepSpeed's BF16_Optimizer (bf16 under ZeRO-1 with fp32 gradient accumulation) keeps flat
-fp32 partitions as ZeRO 1-2 do. Other set-ups (the fused wrapper around DeepSpeed's own
-fused optimizers, offloaded optimizers)
-are not read: their moments restart at zero. :func:`saved_state` and
-:func:`load_saved_state` put the same state in a checkpoint file and back (ZeRO 0-3), with
-the groups' learning rates and the engine's LR scheduler state, so a resumed run continues
-exactly. Relies on DeepSpeed internals; tested
-with deepspeed 0.19.8.
+parameter's fp32 master copy; DeepSpeed's BF16_Optimizer (bf16 under ZeRO-1 with fp32
+gradient accumulation) keeps flat fp32 partitions as ZeRO 1-2 do. Other set-ups (the fused
+wrapper around DeepSpeed's own fused optimizers, offloaded optimizers) are not read: their
+moments restart at zero. :func:`saved_state` and :func:`load_saved_state` put the same state
+in a checkpoint file and back (ZeRO 0-3), with the groups' learning rates and the engine's
+LR scheduler state, so a resumed run continues exactly. Relies on DeepSpeed internals;
+tested with deepspeed 0.19.8.
 """
 
 from __future__ import annotations
