@@ -26,7 +26,7 @@ from torch import nn
 from ..distributed.fingerprint import check_same_structure
 from ..errors import ParallelError
 from ..nn.layers import dendritic_layers, unwrap_model
-from . import deepspeed_optim, zero3
+from . import deepspeed_optim, deepspeed_state, zero3
 from .base import (
     LayerEdit,
     OptimizerState,
@@ -269,12 +269,12 @@ class DeepSpeedBackend(ReplicatedBackend):
         learning rates and its scheduler's state (a collective under ZeRO 1-3). None before
         the first step, and where the state is not read (see
         :mod:`perfora.parallel.deepspeed_optim`)."""
-        return deepspeed_optim.saved_state(self.spec.engine, unwrap_model(model))
+        return deepspeed_state.saved_state(self.spec.engine, unwrap_model(model))
 
     def load_optimizer_state(self, optimizer: Any, model: nn.Module,
                              saved: dict[str, Any], meta: dict[str, Any]) -> None:
         """The saved state into the engine's optimizer and scheduler (this rank's slices)."""
-        deepspeed_optim.load_saved_state(self.spec.engine, unwrap_model(model), saved, meta)
+        deepspeed_state.load_saved_state(self.spec.engine, unwrap_model(model), saved, meta)
 
     def _template(self) -> nn.Module:
         if self.spec.template is None:
