@@ -51,7 +51,8 @@ def saved_state(engine: Any, module: nn.Module) -> tuple[dict[str, torch.Tensor]
     """The engine's optimizer state for a checkpoint, as a torch optimizer's state dict by
     parameter name: the moments whole (tensors), each group's settings (learning rate...) and
     the engine's LR scheduler state (JSON). None where it is not read (see
-    :mod:`perfora.parallel.deepspeed_optim`) or before the optimizer's first step. A collective under ZeRO."""
+    :mod:`perfora.parallel.deepspeed_optim`) or before the optimizer's first step. A
+    collective under ZeRO."""
     read = read_moments(engine, module)
     if read is None or not read[0]:
         return None
