@@ -177,7 +177,10 @@ class GrowthController(OnRequestMethods, OptimizerMethods, CheckpointMethods):
         self._take_engine_optimizer()
 
     def _rebuild_after_change(self) -> None:
-        """After a structure or trainables change: re-wrap, then rebuild the optimizer."""
+        """After a structure or trainables change: re-wrap, then rebuild the optimizer. The
+        widening signal recorded so far belongs to the old structure: it is dropped."""
+        if self._signal is not None:
+            self._signal.clear()
         self._sync_structure()
         self._slot.after_restructure(self.model, self.config.maximize)
         self._take_engine_optimizer()

@@ -50,13 +50,15 @@ def test_demo_json_reports_four_arms_and_writes_run_files(tmp_path: Path) -> Non
     assert base["hidden_width"] == result["hidden"]
     # The grown arm trains at least as long as the baseline (same patience, same seed: its
     # first cycle is the baseline run), and its size is what it grew: each neuron step widens
-    # the hidden layer by its starting width; each dendrite set adds a copy of both layers
+    # the hidden layer by its starting width; each dendrite set adds a copy of both layers,
+    # and a cascade weight per neuron from the second set on
     assert grown["epochs"] >= base["epochs"]
     hidden = result["hidden"] * (1 + grown["neuron_steps"])
     assert grown["hidden_width"] == hidden
     plain = 64 * hidden + hidden + hidden * 10 + 10
     sets = grown["dendrites"] * (64 * hidden + hidden + hidden + hidden * 10 + 10 + 10)
-    assert grown["params"] == plain + sets
+    cascade = max(grown["dendrites"] - 1, 0) * (hidden + 10)  # each later set reads the earlier
+    assert grown["params"] == plain + sets + cascade
     if grown["dendrites"] or grown["neuron_steps"]:
         assert list((out / "grown").glob("switch_*.safetensors"))
     # the third arm is the plain network whose size is closest to the grown one

@@ -260,9 +260,11 @@ def test_auto_keeps_the_kind_that_pays_and_undoes_the_one_that_does_not():
         reasons.append(decision.reason)
         shapes.append(_structure(model))
     assert reasons[:2] == ["plateau: added dendrite set 1", "plateau: added dendrite set 2"]
+    # GradMax rows (the default) from the error recorded in the epoch before each step; the
+    # sums recorded on a structure that was undone since are dropped, not added to
     assert reasons[2] == ("dendrite set 2 did not beat the best score: undone; added neuron "
-                          "step 1 instead (0: +4 random, 2: +5 random)")
-    assert reasons[3] == "plateau: added neuron step 2 (0: +4 random, 2: +5 random)"
+                          "step 1 instead (0: +4 gradmax, 2: +5 gradmax)")
+    assert reasons[3] == "plateau: added neuron step 2 (0: +4 gradmax, 2: +5 gradmax)"
     assert reasons[4] == ("neuron step 2 did not beat the best score: undone; added "
                           "dendrite set 2 instead")
     assert decision.complete and reasons[5] == (
