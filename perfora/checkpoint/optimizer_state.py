@@ -3,6 +3,8 @@ back."""
 
 from __future__ import annotations
 
+import json
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -71,3 +73,18 @@ def reindex_by_name(saved: Mapping[str, Any], saved_names: list[str], names: lis
         for group, kept in zip(numbered, saved["param_groups"], strict=True):
             group.update({k: kept[k] for k in ("lr", "initial_lr") if k in kept})
     return {"state": state, "param_groups": numbered}
+
+
+def scheduler_state_or_none(state: Mapping[str, Any] | None, stacklevel: int = 3
+                            ) -> dict[str, Any] | None:
+    """An LR scheduler's state if JSON can hold it (a checkpoint keeps it as JSON); None,
+    with a warning that it restarts on resume, otherwise."""
+    if state is None:
+        return None
+    try:
+        json.dumps(state)
+    except TypeError:
+        warnings.warn("the scheduler's state is not JSON-serializable and was not saved; "
+                      "it restarts from its initial state on resume", stacklevel=stacklevel)
+        return None
+    return dict(state)

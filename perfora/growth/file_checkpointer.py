@@ -72,11 +72,11 @@ class FileCheckpointer(Checkpointer):
                       scheduler: SchedulerRecipe | None) -> bool:
         # rehearsed on a weightless copy first: a file that does not fit raises here, before
         # the model is converted or resized
-        target = backend.rehearsal_model(model)
-        if target is not None and target is not model:
-            # the model hides its shapes (a ZeRO-3 engine): rehearsed on its template; the
-            # controller's load gives it the structure (on an unsharded copy)
-            rehearse_checkpoint(target, run, config, optimizer, scheduler,
+        shadow = backend.shadow(model) if backend.sharded else None
+        if shadow is not None:
+            # a sharded model with a weightless copy (a ZeRO-3 engine's template): rehearsed
+            # there; the controller's load gives the model its structure (on an unsharded copy)
+            rehearse_checkpoint(shadow, run, config, optimizer, scheduler,
                                 activation=config.activation)
             return True
         rehearse_checkpoint(model, run, config, optimizer, scheduler,
@@ -85,10 +85,10 @@ class FileCheckpointer(Checkpointer):
         return True
 
     def check(self, parts: RunParts, run: SavedRun, rehearsed: bool) -> None:
-        target = parts.backend.rehearsal_model(parts.model)
-        if not rehearsed and target is not None:
+        shadow = parts.backend.shadow(parts.model)  # None where sharded without a template
+        if not rehearsed and shadow is not None:
             slot = parts.slot
-            rehearse_checkpoint(target, run, parts.config,
+            rehearse_checkpoint(shadow, run, parts.config,
                                 slot.recipe if slot.rebuildable else None, slot.scheduler_recipe)
 
     def load_structure(self, model: nn.Module, run: SavedRun) -> None:

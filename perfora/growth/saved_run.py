@@ -11,9 +11,7 @@ format's own).
 
 from __future__ import annotations
 
-import json
 import os
-import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -25,6 +23,7 @@ from torch import nn
 from .._version import __version__
 from ..checkpoint import format as file_format
 from ..checkpoint.format import Checkpoint
+from ..checkpoint.optimizer_state import scheduler_state_or_none
 from ..config import PerforaConfig
 from ..distributed.collectives import is_rank_zero
 from ..errors import CheckpointError, ConfigError
@@ -193,19 +192,8 @@ def saved_run(parts: RunParts, captured: Captured, model_from_best: bool = False
         run.optimizer_tensors, run.optimizer = optimizer
         run.optimizer_class = type(parts.slot.optimizer).__qualname__
     if parts.slot.scheduler is not None:
-        run.scheduler = _jsonable_or_none(parts.slot.scheduler.state_dict())
+        run.scheduler = scheduler_state_or_none(parts.slot.scheduler.state_dict(), 5)
     return run
-
-
-def _jsonable_or_none(state: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The scheduler state if JSON can hold it; None (warned: it restarts) otherwise."""
-    try:
-        json.dumps(state)
-        return dict(state)
-    except TypeError:
-        warnings.warn("the scheduler's state is not JSON-serializable and was not saved; "
-                      "it restarts from its initial state on resume", stacklevel=4)
-        return None
 
 
 def check_run_state(meta: Mapping[str, Any], structure: Mapping[str, Any] | None) -> None:

@@ -124,11 +124,6 @@ class ParallelBackend(ABC):
     def shadow(self, model: nn.Module) -> nn.Module | None:
         """A weightless copy to rehearse loads on; None where the model cannot be copied."""
 
-    def rehearsal_model(self, model: nn.Module) -> nn.Module | None:
-        """The model whose weightless copy a checkpoint load is rehearsed on before anything
-        changes: the model itself, or None where it is sharded (no rehearsal)."""
-        return None if self.sharded else model
-
     @abstractmethod
     def check_rule(self, rule: str) -> None:
         """Refuse a learning rule this backend cannot run (ParallelError)."""

@@ -185,10 +185,6 @@ class DeepSpeedBackend(ReplicatedBackend):
         target = self.spec.template if self.sharded else unwrap_model(model)
         return None if target is None else super().shadow(target)
 
-    def rehearsal_model(self, model: nn.Module) -> nn.Module | None:
-        """ZeRO-3: the structure-only template (the partitioned model hides its shapes)."""
-        return self.spec.template if self.sharded else model
-
     def rewrap(self, model: nn.Module) -> nn.Module:
         """Check the structure over ranks, retire the engine in use, build a new one (over a
         plain module after a ZeRO-3 load: its structure becomes the template)."""

@@ -5,13 +5,13 @@ file continues exactly (ZeRO 0-3)."""
 
 from __future__ import annotations
 
-import json
 import warnings
 from typing import Any
 
 import torch
 from torch import nn
 
+from ..checkpoint.optimizer_state import scheduler_state_or_none, split_state_dict
 from .deepspeed_optim import Moments, kept_moment_keys, read_moments, whole_shapes, write_moments
 
 
@@ -36,17 +36,6 @@ def _hyperparameters(group: dict[str, Any]) -> dict[str, Any]:
                                                                     for x in v)))}
 
 
-def _jsonable(state: dict[str, Any] | None) -> dict[str, Any] | None:
-    try:
-        json.dumps(state)
-    except TypeError:
-        warnings.warn("the DeepSpeed engine's LR scheduler state is not JSON-serializable and "
-                      "was not saved; it restarts from its initial state on resume",
-                      stacklevel=5)
-        return None
-    return state
-
-
 def saved_state(engine: Any, module: nn.Module) -> tuple[dict[str, torch.Tensor], dict] | None:
     """The engine's optimizer state for a checkpoint, as a torch optimizer's state dict by
     parameter name: the moments whole (tensors), each group's settings (learning rate...) and
@@ -64,19 +53,11 @@ def saved_state(engine: Any, module: nn.Module) -> tuple[dict[str, torch.Tensor]
         groups.append({**_hyperparameters(group),
                        "params": list(range(len(names), len(names) + len(kept)))})
         names += kept
-    tensors: dict[str, torch.Tensor] = {}
-    state_json: dict[str, dict[str, Any]] = {}
-    for index, name in enumerate(names):
-        state_json[str(index)] = {}
-        for key, value in states[name].items():
-            if isinstance(value, torch.Tensor):
-                tensors[f"{index}.{key}"] = value
-            else:
-                state_json[str(index)][key] = value
+    tensors, meta = split_state_dict({"state": {i: states[name] for i, name in enumerate(names)},
+                                      "param_groups": groups})
     scheduler = getattr(engine, "lr_scheduler", None)
-    return tensors, {"state": state_json, "param_groups": groups, "param_names": names,
-                     "engine_scheduler": _jsonable(scheduler.state_dict())
-                     if hasattr(scheduler, "state_dict") else None}
+    return tensors, {**meta, "param_names": names, "engine_scheduler": scheduler_state_or_none(
+        scheduler.state_dict() if hasattr(scheduler, "state_dict") else None, 5)}
 
 
 def load_saved_state(engine: Any, module: nn.Module, saved: dict[str, Any],

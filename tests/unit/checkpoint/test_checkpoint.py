@@ -577,3 +577,13 @@ def test_optimizer_state_saved_by_name_loads_onto_each_parameter() -> None:
     with pytest.raises(ValueError, match="names no parameter"):
         backend_of(model).load_optimizer_state(fresh, model, saved,
                                                {"param_names": ["other"] * len(order)})
+
+
+def test_a_scheduler_state_json_cannot_hold_is_left_out_with_a_warning() -> None:
+    from perfora.checkpoint.optimizer_state import scheduler_state_or_none
+
+    assert scheduler_state_or_none({"last_epoch": 3, "base_lrs": [0.1]}) == {
+        "last_epoch": 3, "base_lrs": [0.1]}
+    assert scheduler_state_or_none(None) is None
+    with pytest.warns(UserWarning, match="restarts from its initial state"):
+        assert scheduler_state_or_none({"fn": object()}) is None
