@@ -301,6 +301,19 @@ class PerforaConfig:
         check_setting_names(values.keys())
         return cls(**dict(values))
 
+    @classmethod
+    def coerce(cls, config: PerforaConfig | Mapping[str, Any] | None) -> PerforaConfig:
+        """``config`` as a PerforaConfig: itself, built from a mapping (a YAML or JSON
+        section), or the defaults for None; anything else is a ConfigError."""
+        if config is None:
+            return cls()
+        if isinstance(config, cls):
+            return config
+        if isinstance(config, Mapping):
+            return cls.from_dict(config)
+        raise ConfigError(f"config must be a perfora.PerforaConfig or a mapping of settings, "
+                          f"got {type(config).__name__}")
+
     def replace(self, **changes: Any) -> PerforaConfig:
         """A validated copy with some settings changed."""
         check_setting_names(changes.keys())

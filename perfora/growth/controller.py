@@ -48,15 +48,17 @@ class GrowthController(OnRequestMethods, OptimizerMethods, CheckpointMethods):
     in ``DistributedDataParallel`` or ``DataParallel``: then every decision that changes what
     trains returns a new wrapper of the same kind, built with the same arguments, in
     ``decision.model`` (use it from then on). Settings come
-    from ``config`` and/or keyword arguments (``GrowthController(model, maximize=False)``).
+    from ``config`` (a PerforaConfig or a mapping of settings) and/or keyword arguments
+    (``GrowthController(model, maximize=False)``).
     With ``run_dir`` the controller writes checkpoints, metrics.csv, best_arch_scores.csv,
     history.png and run.json there.
     """
 
-    def __init__(self, model: nn.Module, config: PerforaConfig | None = None, *,
+    def __init__(self, model: nn.Module,
+                 config: PerforaConfig | Mapping[str, Any] | None = None, *,
                  run_dir: str | Path | None = None, write_files: bool = True,
                  **settings: Any) -> None:
-        config = config if config is not None else PerforaConfig()
+        config = PerforaConfig.coerce(config)
         if settings:
             config = config.replace(**settings)
         self.config = config

@@ -123,7 +123,8 @@ class CheckpointMethods:
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, model: nn.Module,
-                        config: PerforaConfig | None = None, *, optimizer: type | None = None,
+                        config: PerforaConfig | Mapping[str, Any] | None = None, *,
+                        optimizer: type | None = None,
                         optimizer_args: dict[str, Any] | None = None,
                         scheduler: type | None = None,
                         scheduler_args: dict[str, Any] | None = None,

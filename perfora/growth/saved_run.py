@@ -107,8 +107,8 @@ class SavedRun:
         """The controller state, checked (CheckpointError naming the source and the field)."""
         return ControllerState.from_saved(self.controller, self.source)
 
-    def settings(self, config: PerforaConfig | None, overrides: Mapping[str, Any]
-                 ) -> PerforaConfig:
+    def settings(self, config: PerforaConfig | Mapping[str, Any] | None,
+                 overrides: Mapping[str, Any]) -> PerforaConfig:
         """The settings a resumed run uses: ``config`` (default: the saved ones) with
         ``overrides`` on top; CheckpointError when the saved settings are missing or bad."""
         if self.config is None:
@@ -120,6 +120,7 @@ class SavedRun:
             raise CheckpointError(f"{self.source}: config: {exc}") from exc
         if config is None:
             return PerforaConfig.from_dict({**self.config, **overrides})
+        config = PerforaConfig.coerce(config)
         return config.replace(**overrides) if overrides else config
 
     def meta(self) -> dict[str, Any]:

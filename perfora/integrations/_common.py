@@ -50,13 +50,13 @@ class GrowthCallback:
     last_decision: Decision | None
 
     def _init_growth(self, *, patience: int, max_dendrites: int, module: str | None,
-                     config: PerforaConfig | None,
+                     config: PerforaConfig | Mapping[str, Any] | None,
                      perforate_kwargs: Mapping[str, Any] | None,
                      settings: Mapping[str, Any]) -> None:
         """Keep what every growth callback is given; the controller comes later."""
         self.module_path = module
         self.perforate_kwargs = dict(perforate_kwargs or {})
-        self._base_config = config if config is not None else \
+        self._base_config = PerforaConfig.coerce(config) if config is not None else \
             PerforaConfig(save_checkpoints=False)
         self._overrides: dict[str, Any] = {"n_epochs_to_switch": patience,
                                            "max_dendrites": max_dendrites, **settings}

@@ -92,7 +92,7 @@ class DendriteGrowth(GrowthCallback, Callback):
 
     def __init__(self, monitor: str = "val_loss", mode: str = "min", patience: int = 10,
                  max_dendrites: int = 3, *, module: str | None = None,
-                 config: PerforaConfig | None = None, rule: str | None = None,
+                 config: PerforaConfig | Mapping[str, Any] | None = None, rule: str | None = None,
                  perforate_kwargs: Mapping[str, Any] | None = None,
                  run_dir: str | None = None, log_metrics: bool = True,
                  **settings: Any) -> None:

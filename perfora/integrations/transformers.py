@@ -97,7 +97,7 @@ class DendriteGrowthCallback(GrowthCallback, TrainerCallback):
 
     def __init__(self, monitor: str | None = None, mode: str | None = None,
                  patience: int = 10, max_dendrites: int = 3, *, module: str | None = None,
-                 config: PerforaConfig | None = None,
+                 config: PerforaConfig | Mapping[str, Any] | None = None,
                  perforate_kwargs: Mapping[str, Any] | None = None,
                  run_dir: str | os.PathLike | None = None, write_files: bool = True,
                  restore_best_at_end: bool = True, **settings: Any) -> None:

@@ -128,6 +128,8 @@ def plan_widening(model: nn.Module, pairs: Mapping[str, Any] | None = None, *,
 
     ``pairs``: ``{producer: [consumer, ...]}`` for layers the search cannot follow (a consumer
     after a flatten as ``(path, repeat)``). ``trace``: also try ``torch.fx``."""
+    if not isinstance(model, nn.Module):
+        raise PerforationError(f"plan_widening() takes an nn.Module, got {type(model).__name__}")
     candidates = _candidates(model)
     plan = WideningPlan({p: LayerPlan(p, False, "its consumers are unknown: it is not in an "
                                       "nn.Sequential chain or a known Transformer block; "

@@ -20,6 +20,7 @@ replayed by :func:`replay_widenings` when a checkpoint is loaded into a narrow m
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Mapping
 from dataclasses import asdict
 from typing import Any
@@ -98,9 +99,7 @@ def widen(model: nn.Module, layer: str | LayerPlan, k: int,
         entry = layer
     if not entry.widenable:
         raise PerforationError(f"widen(): {entry.path!r} cannot be widened: {entry.reason}")
-    k = int(k)
-    if k < 1:
-        raise PerforationError(f"widen(): k must be at least 1, got {k}")
+    k = _neuron_count(k)
     producers = [entry.path, *entry.partners]
     inits = _split_init(init, producers)
     for path in producers:  # check every shape before changing anything
@@ -183,6 +182,19 @@ def _grow_param(owner: nn.Module, name: str, extra: torch.Tensor, dim: int) -> N
     new = nn.Parameter(torch.cat([old.detach(), extra.to(old)], dim),
                        requires_grad=old.requires_grad)
     setattr(owner, name, new)
+
+
+def _neuron_count(k: Any) -> int:
+    """``k`` as a whole number of neurons (an int or integer tensor; not a bool, a float or
+    a string, which ``int()`` would silently round or parse); PerforationError otherwise."""
+    if isinstance(k, torch.Tensor) and k.numel() == 1 and not k.is_floating_point() \
+            and k.dtype != torch.bool:
+        k = int(k.item())
+    if isinstance(k, bool) or not isinstance(k, numbers.Integral):
+        raise PerforationError(f"widen(): k must be a whole number of neurons, got {k!r}")
+    if k < 1:
+        raise PerforationError(f"widen(): k must be at least 1, got {k}")
+    return int(k)
 
 
 def widen_producer(module: nn.Module, k: int, init: torch.Tensor | None = None,

@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from torch import nn
 
+import perfora
 from perfora import ConfigError, PerforaConfig
 from perfora.config import setting_names
 
@@ -113,3 +115,15 @@ def test_error_signal_is_recorded_only_when_growth_uses_it():
 
 def test_no_time_budget_is_allowed():
     assert PerforaConfig(checkpoint_time_budget=None).checkpoint_time_budget is None
+
+
+def test_a_mapping_of_settings_is_a_config_and_anything_else_is_refused():
+    model = perfora.perforate(nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2)))
+    ctl = perfora.GrowthController(model, {"growth": "dendrites", "max_dendrites": 2},
+                                   write_files=False, maximize=False)
+    assert (ctl.config.growth, ctl.config.max_dendrites, ctl.config.maximize) == \
+        ("dendrites", 2, False)
+    with pytest.raises(ConfigError, match="did you mean 'max_dendrites'"):
+        perfora.GrowthController(model, {"max_dendrite": 2}, write_files=False)
+    with pytest.raises(ConfigError, match="PerforaConfig or a mapping of settings, got list"):
+        perfora.GrowthController(model, [("growth", "auto")], write_files=False)

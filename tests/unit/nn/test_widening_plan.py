@@ -54,6 +54,11 @@ def test_widening_a_refused_layer_raises_before_changing_anything():
         perfora.widen(model, "fc3", 2, init=torch.zeros(3, 6))
     with pytest.raises(perfora.PerforationError, match="not a Linear, Conv"):
         perfora.widen(model, "norm", 2)
+    for k in (2.5, True, "3", torch.tensor(2.0)):  # int() would round or parse these
+        with pytest.raises(perfora.PerforationError, match="whole number of neurons"):
+            perfora.widen(model, "fc3", k)
+    with pytest.raises(perfora.PerforationError, match="takes an nn.Module, got dict"):
+        perfora.plan_widening({"fc3": model.fc3})
     after = model.state_dict()
     assert all(torch.equal(after[k], v) for k, v in before.items())
 
