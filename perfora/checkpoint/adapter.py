@@ -22,7 +22,7 @@ from ..errors import CheckpointError, ShapeMismatchError
 from ..nn.layers import dendritic_layers, unwrap_model
 from ..nn.perforation import fit_structure, layer_specs
 from .format import Checkpoint, load_checkpoint, save_checkpoint
-from .model_state import shadow_copy
+from .model_state import model_and_path, shadow_copy
 
 CONTENT = "dendrites"
 _GROUP = "dendrites"
@@ -52,8 +52,11 @@ def base_checksums(model: nn.Module) -> dict[str, int]:
     return sums
 
 
-def save_dendrites(model: nn.Module, path: str | os.PathLike, **meta: Any) -> None:
-    """Write only the dendrites of ``model`` (safetensors + structure), atomically."""
+def save_dendrites(model: nn.Module | str | os.PathLike,
+                   path: str | os.PathLike | nn.Module, **meta: Any) -> None:
+    """Write only the dendrites of ``model`` (safetensors + structure), atomically. The
+    model and the path may come in either order."""
+    model, path = model_and_path(model, path, "save_dendrites(model, path)")
     inner = unwrap_model(model)
     if not dendritic_layers(inner):
         raise CheckpointError("save_dendrites(): the model has no dendritic layers; "
@@ -65,8 +68,8 @@ def save_dendrites(model: nn.Module, path: str | os.PathLike, **meta: Any) -> No
               "base_checksums": base_checksums(inner), **meta}))
 
 
-def load_dendrites(model: nn.Module, path: str | os.PathLike, *,
-                   replace: bool = False) -> nn.Module:
+def load_dendrites(model: nn.Module | str | os.PathLike,
+                   path: str | os.PathLike | nn.Module, *, replace: bool = False) -> nn.Module:
     """Perforate ``model`` (a freshly built base model, converted or not) as the saved one was
     and load the saved dendrites; its own base weights are kept. Returns ``model``.
 
@@ -74,7 +77,9 @@ def load_dendrites(model: nn.Module, path: str | os.PathLike, *,
     structure (shape, no empty set, the neurons each set feeds), every weight finite, the
     tensors' keys and shapes on a weightless copy. A file that does not fit raises
     :class:`ShapeMismatchError` or :class:`CheckpointError` with ``model`` unchanged.
-    A model that already has dendrites keeps them unless ``replace=True``."""
+    A model that already has dendrites keeps them unless ``replace=True``. The model and
+    the path may come in either order."""
+    model, path = model_and_path(model, path, "load_dendrites(model, path)")
     ckpt = load_checkpoint(path)
     if ckpt.meta.get("content") != CONTENT or _GROUP not in ckpt.tensors:
         raise CheckpointError(f"{path} is not a dendrites file (save_dendrites writes those); "

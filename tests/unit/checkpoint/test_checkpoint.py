@@ -255,6 +255,22 @@ def test_load_model_rebuilds_dendrites_on_unconverted_model(tmp_path):
         assert torch.equal(fresh(x), source(x))
 
 
+def test_save_and_load_take_the_model_and_the_path_in_either_order(tmp_path):
+    source = grown_model(dendrites=2)
+    path = tmp_path / "model.safetensors"
+    save_model(source, path)  # torch.save's order
+    fresh = load_model(path, build(seed=3, perforated=False))
+    assert_tensors_equal(dict(fresh.state_dict()), dict(source.state_dict()), "weights")
+    perfora.save_dendrites(tmp_path / "d.safetensors", source)
+    base = build(seed=3, perforated=False)
+    perfora.load_dendrites(tmp_path / "d.safetensors", base)
+    assert all(layer.num_dendrites == 2 for layer in dendritic_layers(base).values())
+    with pytest.raises(TypeError, match="takes a model .* got PosixPath and str"):
+        save_model(path, "model.safetensors")
+    with pytest.raises(TypeError, match="got MLP and MLP"):
+        load_model(source, source)
+
+
 @pytest.mark.parametrize("dendrites_here", [0, 1, 3])
 def test_load_model_into_converted_model_with_other_dendrite_count(tmp_path, dendrites_here):
     source = grown_model(dendrites=2)
