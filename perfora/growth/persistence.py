@@ -18,6 +18,7 @@ from torch import nn
 
 from ..checkpoint.dcp import DCP_SUFFIX, newest_checkpoint
 from ..checkpoint.format import Checkpoint
+from ..checkpoint.model_state import model_and_path
 from ..config import PerforaConfig
 from ..distributed.collectives import barrier
 from ..parallel import ParallelBackend, backend_of
@@ -122,7 +123,7 @@ class CheckpointMethods:
         self._restore(framework_state(meta, best, self.model, self.backend, self.config))
 
     @classmethod
-    def from_checkpoint(cls, path: str | Path, model: nn.Module,
+    def from_checkpoint(cls, path: str | Path | nn.Module, model: nn.Module | str | Path,
                         config: PerforaConfig | Mapping[str, Any] | None = None, *,
                         optimizer: type | None = None,
                         optimizer_args: dict[str, Any] | None = None,
@@ -133,7 +134,9 @@ class CheckpointMethods:
 
         The file is read once; the keywords are :func:`perfora.resume`'s (``optimizer``,
         ``optimizer_args``, ``scheduler``, ``scheduler_args``, ``run_dir``, settings).
-        ``config`` replaces the saved settings (default: the checkpoint's)."""
+        ``config`` replaces the saved settings (default: the checkpoint's). The path and the
+        model may come in either order."""
+        model, path = model_and_path(path, model, "from_checkpoint(path, model)")
         backend = backend_of(model)
         backend.check_load()  # a backend that cannot take a load refuses, naming what to do
         reader = checkpointer_for(path)

@@ -89,6 +89,21 @@ def test_resume_into_a_model_of_another_width_says_so(tmp_path: Path) -> None:
         perfora.resume(wider, tmp_path / "latest.safetensors")
 
 
+def test_resume_takes_the_path_and_the_model_in_either_order(tmp_path: Path) -> None:
+    model = perfora.perforate(_build())
+    ctl = perfora.GrowthController(model, run_dir=tmp_path, **CONFIG)
+    ctl.step(1.0)
+    ctl.add_dendrites()
+    ctl.save(tmp_path / "c.safetensors")
+    for args in ((_build(), tmp_path / "c.safetensors"), (tmp_path / "c.safetensors", _build())):
+        resumed = perfora.resume(*args)
+        assert (resumed.epoch, resumed.num_dendrites) == (1, 1)
+    other = perfora.GrowthController.from_checkpoint(_build(), tmp_path / "c.safetensors")
+    assert other.num_dendrites == 1
+    with pytest.raises(TypeError, match="takes a model"):
+        perfora.resume(tmp_path / "c.safetensors", str(tmp_path / "c.safetensors"))
+
+
 def test_best_file_of_an_epoch_that_also_grew_resumes_with_an_optimizer(tmp_path: Path) -> None:
     """The epoch that sets the best score can also add dendrites: best.safetensors holds the
     smaller best model, so it must not carry the grown model's optimizer moments."""
