@@ -19,6 +19,17 @@ pass can hit it. :func:`settle_at_exit` makes it go away for a process that uses
 at interpreter exit (``atexit``, while the interpreter still runs) the main thread releases
 the GIL until no other thread of the process is runnable, so a pending release finishes
 first. It costs a few milliseconds at exit.
+
+A second form of the same race hangs instead of aborting, found with gdb on stuck ranks: a
+script that ends ``main()`` with ``barrier()`` and ``destroy_process_group()`` while its DDP
+model is a local variable. When ``main()`` returns, the DDP wrapper is freed; its C++
+reducer holds the last reference to the process group, so gloo's destructor runs there and
+joins the worker threads while the main thread holds the GIL, and a worker thread that is
+still freeing the barrier's work waits for the GIL: a deadlock (torch 2.13, with or without
+perfora: 7 of 36 plain Lightning Fabric jobs on a loaded 2-core machine). So
+:func:`settle_at_exit` also keeps a Python reference to the default process group until
+exit: the reducer then never drops the last one, and at exit the group is released from
+Python after the threads settled.
 """
 
 from __future__ import annotations
@@ -27,17 +38,34 @@ import atexit
 import threading
 import time
 from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
 
 _STEP_S = 0.002  # one pause with the GIL released
 _QUIET_CHECKS = 2  # consecutive pauses after which no other thread was runnable
 _LIMIT_S = 1.0  # never hold the exit longer than this
 
 
+_KEPT_GROUPS: list[Any] = []  # process-wide, as gloo's threads are: released at exit
+
+
 def settle_at_exit() -> None:
-    """Register :func:`settle_threads` to run at interpreter exit (once, however often this
-    is called)."""
-    atexit.unregister(settle_threads)
-    atexit.register(settle_threads)
+    """Keep the default process group referenced until exit, and register :func:`_at_exit`
+    to run then (once, however often this is called)."""
+    if dist.is_available() and dist.is_initialized():
+        group = dist.group.WORLD
+        if group is not None and not any(kept is group for kept in _KEPT_GROUPS):
+            _KEPT_GROUPS.append(group)
+    atexit.unregister(_at_exit)
+    atexit.register(_at_exit)
+
+
+def _at_exit() -> None:
+    """Let gloo's threads settle, then release the kept process groups (from Python, with
+    the interpreter still running)."""
+    settle_threads()
+    _KEPT_GROUPS.clear()
 
 
 def settle_threads(limit_s: float = _LIMIT_S) -> float:

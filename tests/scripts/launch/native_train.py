@@ -15,7 +15,6 @@ import datetime
 import json
 import os
 import signal
-import sys
 from pathlib import Path
 
 import torch
@@ -113,8 +112,4 @@ log("complete" if decision.complete else "restructured", epoch=controller.epoch,
     dendrites=controller.num_dendrites)
 if distributed:
     dist.barrier()  # rank 0's checkpoint and marker are on disk before anyone exits
-    # leave without tearing the group down: gloo's teardown can abort (SIGABRT) a rank whose
-    # peer has already gone, which would count as a failed attempt after the work was done
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    dist.destroy_process_group()  # as a user's script ends: perfora makes this exit 0

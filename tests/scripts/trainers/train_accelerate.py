@@ -9,8 +9,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
-import sys
 from pathlib import Path
 
 import torch
@@ -72,16 +70,11 @@ def main() -> None:
         "actions": actions, "dendrites": ctl.num_dendrites, "digest": digest.hexdigest(),
         "widenings": ctl.state.num_widenings,
         "models_held": len(accelerator._models), "optimizers_held": len(accelerator._optimizers)}))
-    # meet at a barrier so that no rank leaves while the other still talks to it; the
-    # process then leaves with os._exit, without tearing the group down (gloo's
-    # destroy_process_group can wait forever on a peer that has already exited)
+    # a user's script ends this way: the group torn down, the interpreter left normally
+    # (perfora settles gloo's threads at exit, so no rank aborts; tests/integration/launch)
     torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
     main()
-    # the results are written and every rank passed the barrier; skip the teardown, where
-    # torch's gloo threads occasionally abort a rank on this machine ("terminate called
-    # without an active exception") after the run has finished
-    sys.stdout.flush()
-    os._exit(0)

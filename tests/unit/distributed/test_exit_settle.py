@@ -44,3 +44,36 @@ def test_settle_at_exit_registers_once_however_often_it_is_called():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120, check=True)
     assert out.stdout.split() == ["settled"]  # once, at exit
+
+
+def test_the_default_group_outlives_a_freed_ddp_wrapper_and_is_released_at_exit(tmp_path):
+    # a DDP wrapper freed after destroy_process_group() (a model local to main()) must not
+    # hold the group's last reference: its reducer would destroy the group while holding the
+    # GIL, which can deadlock with a gloo thread that needs it. perfora keeps the group until
+    # exit, then releases it from Python after gloo's threads settled
+    code = f"""
+import torch, torch.distributed as dist
+from torch import nn
+import perfora
+import perfora.distributed.exit_settle as e
+dist.init_process_group("gloo", init_method="file://{tmp_path / 'store'}", rank=0,
+                        world_size=1)
+def main():
+    model = perfora.perforate(nn.Sequential(nn.Linear(2, 3), nn.Tanh(), nn.Linear(3, 1)))
+    ddp = nn.parallel.DistributedDataParallel(model)
+    perfora.GrowthController(ddp, write_files=False)
+    e.settle_at_exit()  # what the controller calls on more than one rank
+    ddp(torch.randn(4, 2)).sum().backward()
+    group = dist.group.WORLD
+    dist.barrier()
+    dist.destroy_process_group()
+    return [g is group for g in e._KEPT_GROUPS]
+print("kept", main())
+real = e._at_exit
+e._at_exit = lambda: (real(), print("released", len(e._KEPT_GROUPS), flush=True))
+import atexit; atexit.unregister(real); atexit.register(e._at_exit)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split("\n")[:2] == ["kept [True]", "released 0"]
