@@ -26,7 +26,7 @@ model is a local variable. When ``main()`` returns, the DDP wrapper is freed; it
 reducer holds the last reference to the process group, so gloo's destructor runs there and
 joins the worker threads while the main thread holds the GIL, and a worker thread that is
 still freeing the barrier's work waits for the GIL: a deadlock (torch 2.13, with or without
-perfora: 7 of 36 plain Lightning Fabric jobs on a loaded 2-core machine). So
+perfora: ``benchmarks/fabric_exit.py``). So
 :func:`settle_at_exit` also keeps a Python reference to the default process group until
 exit: the reducer then never drops the last one, and at exit the group is released from
 Python after the threads settled.

@@ -12,12 +12,7 @@ the job's imports on 3 ranks. The second launches the Fabric loop of
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 import sys
-import time
-from pathlib import Path
 
 import pytest
 
@@ -25,6 +20,8 @@ from tests.support.paths import ROOT
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from clean_exit import grow, load_and_exit  # noqa: E402
+from fabric_exit import SCRIPTS as FABRIC_SCRIPTS  # noqa: E402
+from fabric_exit import run_launches  # noqa: E402
 
 RANKS, LOADS, TIMEOUT_S = 3, 2, 120
 
@@ -39,49 +36,21 @@ def test_jobs_that_grow_or_load_a_run_and_destroy_the_group_exit_0(tmp_path, kin
         assert launch["loaded_dendrites"] == 1  # the grown structure was loaded
 
 
-FABRIC_SCRIPT = ROOT / "tests" / "scripts" / "trainers" / "train_fabric.py"
-JOBS, AT_ONCE, JOB_TIMEOUT_S = 6, 3, 90
-
-
-def _start_fabric_job(out: Path) -> subprocess.Popen:
-    out.mkdir(parents=True)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-           "2", "--max-restarts", "0", str(FABRIC_SCRIPT), str(out)]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
-           "PYTHONWARNINGS": "ignore"}
-    return subprocess.Popen(cmd, env=env, stdout=(out / "log").open("w"),
-                            stderr=subprocess.STDOUT, start_new_session=True)
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(420)
 def test_fabric_jobs_whose_model_dies_with_main_exit_0(tmp_path):
-    # the script grows in a Fabric DDP loop inside main(), ends with barrier() and
-    # destroy_process_group(), and returns: the DDP wrapper is freed with main()'s locals.
-    # Before perfora kept the process group referenced, its reducer could destroy the group
-    # while a gloo thread waited for the GIL: 6 of 48 such jobs hung at 6 jobs at once on a
-    # 2-core machine (and 7 of 36 of the same loop without perfora); 3 at a time load it here
+    # tests/scripts/trainers/train_fabric.py grows in a Fabric DDP loop inside main(), ends
+    # with barrier() and destroy_process_group(), and returns: the DDP wrapper is freed with
+    # main()'s locals. Before perfora kept the process group referenced, its reducer could
+    # destroy the group while a gloo thread waited for the GIL, and the job hung
+    # (benchmarks/fabric_exit.py measures how often); 3 launches at a time load the machine
     pytest.importorskip("lightning.fabric")
-    pending = [tmp_path / f"job{i}" for i in range(JOBS)]
-    running: dict[Path, tuple[subprocess.Popen, float]] = {}
-    ended: dict[Path, int | None] = {}
-    while pending or running:
-        while pending and len(running) < AT_ONCE:
-            out = pending.pop(0)
-            running[out] = (_start_fabric_job(out), time.monotonic())
-        time.sleep(0.2)
-        for out, (proc, start) in list(running.items()):
-            if proc.poll() is not None or time.monotonic() - start > JOB_TIMEOUT_S:
-                if proc.poll() is None:  # hung: stop the job and its ranks
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
-                    ended[out] = None
-                else:
-                    ended[out] = proc.returncode
-                del running[out]
-    failed = {out.name: code for out, code in ended.items() if code != 0}
-    assert not failed, (f"jobs that did not exit 0 (None: hung) {failed}:\n"
-                        + (tmp_path / next(iter(failed)) / "log").read_text()[-2000:])
-    for out in ended:  # each rank finished its growth run before the exit
-        results = [json.loads((out / f"result_{r}.json").read_text()) for r in range(2)]
-        assert results[0]["digest"] == results[1]["digest"]
+    results = run_launches(FABRIC_SCRIPTS["perfora"], tmp_path, launches=6, at_once=3,
+                           timeout_s=120)
+    failed = [r for r in results if r["exit_code"] != 0]
+    assert not failed, (f"launches that did not exit 0 (None: hung) {failed}:\n"
+                        + (tmp_path / f"launch{failed[0]['launch']}" / "log").read_text()[-2000:])
+    for r in results:  # both ranks finished the growth run, bit-identical
+        out = tmp_path / f"launch{r['launch']}"
+        digests = {json.loads((out / f"result_{k}.json").read_text())["digest"] for k in (0, 1)}
+        assert len(digests) == 1
