@@ -127,3 +127,15 @@ def test_a_mapping_of_settings_is_a_config_and_anything_else_is_refused():
         perfora.GrowthController(model, {"max_dendrite": 2}, write_files=False)
     with pytest.raises(ConfigError, match="PerforaConfig or a mapping of settings, got list"):
         perfora.GrowthController(model, [("growth", "auto")], write_files=False)
+
+
+def test_the_growth_callbacks_take_a_mapping_of_settings_too():
+    lightning = pytest.importorskip("perfora.integrations.lightning")
+    growth = lightning.DendriteGrowth(monitor="val_acc", mode="max",
+                                      config={"growth": "dendrites", "max_neuron_steps": 2})
+    assert (growth.config.growth, growth.config.max_neuron_steps, growth.config.maximize) == \
+        ("dendrites", 2, True)
+    with pytest.raises(ConfigError, match="did you mean 'growth'"):
+        lightning.DendriteGrowth(config={"grwoth": "dendrites"})
+    with pytest.raises(ConfigError, match="got str"):
+        lightning.DendriteGrowth(config="growth=dendrites")
