@@ -10,6 +10,7 @@ scikit-learn's iris and generated moons, circles, Gaussian quantiles and a 4-cla
 ``make_classification``; seeds 0..N-1.
 
     python benchmarks/heldout.py [--seeds 3] [--json PATH] [--update-stored]
+    python benchmarks/heldout.py --set grow_fraction=0.5     # a variant of the default
 
 Writes benchmarks/results/local/heldout.json (git-ignored); ``--update-stored`` writes the
 stored benchmarks/results/heldout.json.
@@ -27,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 import output_paths
+import settings_arg
 import torch
 from torch import nn
 
@@ -121,6 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--json", type=Path, default=None,
                         help=output_paths.default_help(OUTPUT))
     output_paths.add_update_stored(parser)
+    settings_arg.add_set_argument(
+        parser, help="PerforaConfig overrides for the grown run (JSON values), to measure a "
+                     "variant of the default; the plain networks are unchanged")
     return parser
 
 
@@ -130,7 +135,9 @@ def output_path(args: argparse.Namespace) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    variant = settings_arg.parse_settings(parser, args.set)
     torch.set_num_threads(1)
     start = time.perf_counter()
     rows = []
@@ -138,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         for seed in range(args.seeds):
             data = split(*load(seed), seed)
             x, y = data["train"]
-            grown = train(data, HIDDEN, seed)
+            grown = train(data, HIDDEN, seed, **variant)
             width = width_for(grown["params"], x.shape[1], int(y.max()) + 1)
             plain = train(data, width, seed, max_dendrites=0)
             matched = train(data, width, seed, budget=grown["epochs"])
@@ -175,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{at_least} of {len(summary)} data sets; {args.seeds} seed(s); {total:.0f} s")
     path = output_path(args)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"hidden": HIDDEN, "patience": PATIENCE,
+    path.write_text(json.dumps({"hidden": HIDDEN, "patience": PATIENCE, "settings": variant,
                                      "seeds": args.seeds, "summary": summary, "runs": rows,
                                      "total_seconds": total, "torch": torch.__version__},
                                     indent=1))

@@ -60,6 +60,7 @@ from typing import Any
 import output_paths
 import quality_report as rep
 import quality_stats as qs
+import settings_arg
 import torch
 from quality_tasks import COST, TASKS, WIDTH_MULTIPLIERS, Task, curve_widths, load_task
 from torch import nn
@@ -324,13 +325,6 @@ def matched_jobs(rows: list[dict[str, Any]], setup: Setup) -> list[Job]:
 
 
 # --------------------------------------------------------------------------- CLI
-def _parse_value(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return text
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The command line."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -340,8 +334,8 @@ def build_parser() -> argparse.ArgumentParser:
                         metavar="TASK", help=f"subset of tasks: {', '.join(TASKS)}")
     parser.add_argument("--arms", nargs="+", default=None, metavar="NAME",
                         help=f"subset of arms: {', '.join(ARMS)} (and custom with --set)")
-    parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
-                        help="define arm 'custom' (PerforaConfig overrides, JSON values)")
+    settings_arg.add_set_argument(
+        parser, help="define arm 'custom' (PerforaConfig overrides, JSON values)")
     parser.add_argument("--no-curve", action="store_true", help="skip both width curves")
     parser.add_argument("--jobs", type=int, default=2, help="parallel runs (default 2)")
     parser.add_argument("--out-dir", type=Path, default=None,
@@ -435,13 +429,7 @@ def main(argv: list[str] | None = None) -> int:
 
     arms = dict(ARMS)
     if args.set:
-        custom = {}
-        for item in args.set:
-            key, sep, value = item.partition("=")
-            if not sep or not key:
-                parser.error(f"--set {item!r}: expected NAME=VALUE")
-            custom[key] = _parse_value(value)
-        arms["custom"] = custom
+        arms["custom"] = settings_arg.parse_settings(parser, args.set)
     selected = args.arms if args.arms is not None else list(QUICK_ARMS if args.quick else ARMS)
     for name in selected:
         if name not in arms:
