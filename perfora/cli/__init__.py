@@ -87,8 +87,24 @@ def _at_least(minimum: int, maximum: int = 2**63 - 1):
     return parse
 
 
+def version_line() -> str:
+    """perfora's version with torch's and Python's, as a bug report wants them (read from the
+    installed metadata, so ``--version`` stays instant)."""
+    from importlib import metadata
+
+    from .. import __version__
+
+    try:
+        torch_version = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        torch_version = "not installed"
+    python = ".".join(map(str, sys.version_info[:3]))
+    return f"perfora {__version__} (torch {torch_version}, Python {python})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="perfora", description=__doc__)
+    parser.add_argument("--version", action="version", version=version_line())
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser(
         "demo", help="train a narrow MLP on digits: baseline, grown, and a plain network "

@@ -124,3 +124,18 @@ def test_a_run_folder_that_exists_is_used(tmp_path: Path, monkeypatch, capsys):
     assert main(["demo", "--out", str(tmp_path / "new" / "runs"), "--no-progress"]) == 0
     assert (tmp_path / "new" / "runs").is_dir() and len(calls) == 2
     capsys.readouterr()
+
+
+def test_version_names_perfora_torch_and_python(capsys):
+    import sys
+
+    import torch
+
+    import perfora
+
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0
+    line = capsys.readouterr().out.strip()
+    python = ".".join(map(str, sys.version_info[:3]))
+    assert line == f"perfora {perfora.__version__} (torch {torch.__version__}, Python {python})"
