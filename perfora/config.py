@@ -78,6 +78,12 @@ class PerforaConfig:
     max_neuron_steps: int = 5
     """Cap on neuron growth steps (``growth='neurons'`` or ``'auto'``); with 'neurons', 0
     means none (early stopping)."""
+    neuron_pairs: dict[str, list[Any]] | None = None
+    """The readers of layers whose consumers perfora cannot find by itself (a model that
+    neither is an ``nn.Sequential`` chain nor traces with ``torch.fx``), for neuron growth:
+    ``{producer path: [consumer path, ...]}``, a consumer after a flatten as ``[path,
+    repeat]``, paths as in the perforated model (``plan_widening``'s ``pairs=``). None: only
+    the readers found automatically."""
     target_score: float | None = None
     """Stop growing once the (smoothed) score reaches this value, e.g. 1.0 for a training
     accuracy: "grow until the training set is learned" (report the training score to
@@ -200,6 +206,7 @@ class PerforaConfig:
                               f"started with), got {step!r}")
         self.neurons_per_step = float(step)
         _check_int(self, "max_neuron_steps", minimum=0)
+        self.neuron_pairs = _neuron_pairs(self.neuron_pairs)
         if self.growth == "neurons" and self.rule != "gd":
             raise ConfigError(f"growth={self.growth!r} trains new neurons by backprop: it "
                               f"needs rule='gd', got rule={self.rule!r}")
@@ -374,6 +381,39 @@ def _check_choice(cfg: PerforaConfig, name: str, choices: Sequence[str]) -> None
     value = getattr(cfg, name)
     if value not in choices:
         raise ConfigError(unknown_name_message(value, choices, f"value for {name}:"))
+
+
+def _neuron_pairs(value: Any) -> dict[str, list[Any]] | None:
+    """``neuron_pairs`` checked and made JSON-able: consumers as paths or [path, repeat]."""
+    if value is None:
+        return None
+    example = "e.g. {'encoder.fc1': ['encoder.fc2']}"
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"neuron_pairs must map each producer's path to its readers' paths, "
+                          f"{example}; got {type(value).__name__}")
+    pairs: dict[str, list[Any]] = {}
+    for producer, readers in value.items():
+        if not isinstance(producer, str) or not producer:
+            raise ConfigError(f"neuron_pairs: a producer must be a module path, got "
+                              f"{producer!r} ({example})")
+        items = [readers] if isinstance(readers, str) else readers
+        if not isinstance(items, Sequence) or not items:
+            raise ConfigError(f"neuron_pairs[{producer!r}]: list its readers' paths, "
+                              f"{example}; got {readers!r}")
+        pairs[producer] = [_reader(producer, item) for item in items]
+    return pairs
+
+
+def _reader(producer: str, item: Any) -> str | list[Any]:
+    if isinstance(item, str) and item:
+        return item
+    if isinstance(item, Sequence) and not isinstance(item, str) and len(item) == 2 \
+            and isinstance(item[0], str) and item[0] and isinstance(item[1], int) \
+            and not isinstance(item[1], bool) and item[1] >= 1:
+        return [item[0], item[1]]
+    raise ConfigError(f"neuron_pairs[{producer!r}]: a reader is a module path, or [path, "
+                      f"repeat] after a flatten (repeat: the spatial size, at least 1); got "
+                      f"{item!r}")
 
 
 def _nonneg_float(name: str, value: Any) -> float:

@@ -233,7 +233,8 @@ class GrowthController(OnRequestMethods, OptimizerMethods, CheckpointMethods):
         surgery.arm_probe(self._probe, self.model, self.state, self.config, self.rule)
         template = self.backend.template if self.backend.sharded else None
         arm_widening_signal(self._signal, self.model, growth_may_come_next(
-            self.state, self.config, self.rule.phase == self.rule.neuron_phase), template)
+            self.state, self.config, self.rule.phase == self.rule.neuron_phase), template,
+            self.config.neuron_pairs)
 
     def step(self, score: Any, *, test_score: Any = None,
              extra: Mapping[str, Any] | None = None,

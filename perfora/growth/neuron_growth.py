@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import contextlib
 import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
@@ -43,10 +45,12 @@ class NeuronStep:
         return ", ".join(f"{path}: +{k} {init}" for path, (k, init) in self.added.items())
 
 
-def widening_targets(model: nn.Module) -> dict[str, LayerPlan]:
-    """The plan entries of the wrapped layers that can gain neurons, in forward order."""
+def widening_targets(model: nn.Module, pairs: Mapping[str, Any] | None = None
+                     ) -> dict[str, LayerPlan]:
+    """The plan entries of the wrapped layers that can gain neurons, in forward order
+    (``pairs``: readers named by the user, ``PerforaConfig.neuron_pairs``)."""
     inner = unwrap_model(model)
-    plan = plan_widening(inner)
+    plan = plan_widening(inner, pairs=pairs)
     targets: dict[str, LayerPlan] = {}
     partners: set[str] = set()
     for path in dendritic_layers(inner):
@@ -68,17 +72,18 @@ def check_neuron_growth(model: nn.Module, backend: ParallelBackend, config: Perf
     # a sharded model's structure-only copy holds the shapes (ZeRO-3's slices do not)
     inner = unwrap_model(backend.template if backend.sharded and backend.template is not None
                          else model)
-    if widening_targets(inner):
+    if widening_targets(inner, config.neuron_pairs):
         return True
     if growth == "auto":
         return False
-    plan: WideningPlan = plan_widening(inner)
+    plan: WideningPlan = plan_widening(inner, pairs=config.neuron_pairs)
     reasons = [f"{p}: {plan.layers[p].reason}" for p in dendritic_layers(inner)
                if p in plan.layers]
     raise PerforationError("growth='neurons': no wrapped layer can gain neurons ("
                            + ("; ".join(reasons) or "no Linear/Conv layer is wrapped")
                            + "); wrap the layers whose outputs another wrapped-or-plain "
-                           "Linear/Conv reads, or use growth='dendrites'")
+                           "Linear/Conv reads, name their readers with the setting "
+                           "neuron_pairs={path: [reader paths]}, or use growth='dendrites'")
 
 
 def start_width(layer: nn.Module) -> int:
@@ -146,7 +151,7 @@ def grow_neurons(model: nn.Module, config: PerforaConfig, state: ControllerState
     ``state``. ``model`` is the unsharded model, or a sharded model's structure with
     ``scope`` making each pair whole in turn. The caller re-wraps the model and rebuilds
     what trains."""
-    targets = widening_targets(model)
+    targets = widening_targets(model, config.neuron_pairs)
     step = widen_layers(model, config, state, targets, list(targets),
                         reduce_signal(signal, model, targets), scope)
     if signal is not None:
@@ -164,15 +169,17 @@ def _width(module: nn.Module, side: str) -> int:
 
 
 def arm_widening_signal(signal: WideningSignal | None, model: nn.Module, may_grow: bool,
-                        structure: nn.Module | None = None) -> None:
+                        structure: nn.Module | None = None,
+                        pairs: Mapping[str, Any] | None = None) -> None:
     """Record the widening signal only in an epoch that a growth step may follow. The hooks
     go on ``model``; the layers to record are planned on ``structure`` (a sharded model's
-    unsharded copy, whose shapes its slices hide; default: ``model``)."""
+    unsharded copy, whose shapes its slices hide; default: ``model``) with the user's
+    ``pairs``."""
     if signal is None:
         return
     signal.disarm()  # the layers may be new objects after a restructure
     if may_grow:
         signal.arm(unwrap_model(model), widening_targets(
-            structure if structure is not None else model))
+            structure if structure is not None else model, pairs))
     else:
         signal.clear()

@@ -134,6 +134,11 @@ def perforate(
     selected = _first_path_per_module(selected, modules)
     existing = dendritic_layers(inner)
     if not selected and not existing:
+        if len(modules) == 1 and isinstance(inner, DEFAULT_TYPES):
+            raise PerforationError(
+                f"the model is a single {type(inner).__name__} with no layers inside: perforate "
+                "wraps the layers of a model and returns the model, so put the layer in a "
+                f"container first, e.g. perfora.perforate(nn.Sequential(layer))")
         recurrent = [(p, m) for p, m in modules.items() if isinstance(m, _RECURRENT)]
         if recurrent and types == DEFAULT_TYPES:  # why the default found nothing
             path, module = recurrent[0]

@@ -59,3 +59,13 @@ def test_such_layers_are_fine_when_excluded_or_not_selected():
     perfora.perforate(other, paths=["0"])
     assert sorted(perfora.dendritic_layers(other)) == ["0"]
     perfora.dendritic_layers(other)["0"].grow(torch.Generator().manual_seed(0))
+
+
+@pytest.mark.parametrize("layer", [nn.Linear(4, 3), nn.Conv2d(1, 2, 3)])
+def test_a_single_layer_as_the_model_is_refused_with_what_to_do(layer):
+    # perforate swaps the layers inside a model; a bare layer has nothing inside to swap
+    with pytest.raises(perfora.PerforationError,
+                       match=rf"single {type(layer).__name__}.*nn.Sequential\(layer\)"):
+        perfora.perforate(layer)
+    wrapped = perfora.perforate(nn.Sequential(layer))  # what the message says to do
+    assert set(perfora.dendritic_layers(wrapped)) == {"0"}
