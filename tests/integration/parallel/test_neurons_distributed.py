@@ -94,6 +94,58 @@ def test_auto_growth_chooses_alike_on_every_rank(tmp_path):
     assert all(r0["exact"][:2]) and all(r1["exact"][:2])
 
 
+class Untraceable(nn.Module):
+    """fc1 -> tanh -> fc2 behind a branch on a tensor's value: torch.fx cannot follow it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(6, 4), nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.fc1(x))
+        return self.fc2(h * 2 if h.sum() > 1e9 else h)
+
+
+def grow_named_pairs_on_rank_data(rank: int, tmp: Path) -> dict:
+    torch.manual_seed(0)
+    ddp = DDP(perfora.perforate(Untraceable()))
+    ctl = perfora.GrowthController(ddp, growth="neurons", switch_mode="every_epoch",
+                                   max_neuron_steps=2, write_files=False,
+                                   neuron_pairs={"fc1": ["fc2"]})
+    ctl.set_optimizer(torch.optim.Adam, lr=0.01)
+    opt, _ = ctl.build_optimizer()
+    gen = torch.Generator().manual_seed(rank)
+    x_fixed = torch.randn(8, 6, generator=torch.Generator().manual_seed(9))
+    reasons, diffs, exact = [], [], []
+    for epoch in range(2):
+        for _ in range(3):
+            x = torch.randn(32, 6, generator=gen)
+            y = (x[:, 2 * rank] > 0).long() + (x[:, 1 + rank] > 1).long()  # rank's own task
+            opt.zero_grad()
+            nn.functional.cross_entropy(ddp(x), y).backward()
+            opt.step()
+        with torch.no_grad():
+            before = ddp(x_fixed)
+        decision = ctl.step(0.5 + 0.1 * epoch, model=ddp)
+        ddp, opt = decision.model, decision.optimizer
+        with torch.no_grad():
+            exact.append(bool(torch.equal(ddp(x_fixed), before)))
+        reasons.append(decision.reason)
+        diffs.append(_rank_diff(ddp))
+    return {"reasons": reasons, "diffs": diffs, "exact": exact,
+            "width": perfora.unwrap_model(ddp).fc1.num_neurons}
+
+
+@pytest.mark.timeout(150)
+def test_named_readers_grow_an_untraceable_model_alike_on_every_rank(tmp_path):
+    r0, r1 = run_in_folder(grow_named_pairs_on_rank_data, tmp_path, WORLD, join_s=120)
+    assert r0["reasons"] == r1["reasons"]
+    assert r0["reasons"][0] == "plateau: added neuron step 1 (fc1: +4 gradmax)"
+    assert r0["width"] == r1["width"] == 12
+    assert set(r0["diffs"]) == set(r1["diffs"]) == {0.0}
+    assert r0["exact"] == r1["exact"] == [True, True]
+
+
 def grow_neurons_sharded(rank: int, tmp: Path, kind: str) -> dict:
     from torch.distributed.device_mesh import init_device_mesh
 
