@@ -21,8 +21,9 @@ from torch import nn
 from ..errors import CheckpointError, ShapeMismatchError
 from ..nn.layers import dendritic_layers, unwrap_model
 from ..nn.perforation import fit_structure, layer_specs
+from .call_args import model_and_path
 from .format import Checkpoint, load_checkpoint, save_checkpoint
-from .model_state import model_and_path, shadow_copy
+from .model_state import shadow_copy
 
 CONTENT = "dendrites"
 _GROUP = "dendrites"

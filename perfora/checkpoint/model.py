@@ -10,8 +10,9 @@ from torch import nn
 from ..errors import CheckpointError, ShapeMismatchError
 from ..nn.layers import unwrap_model
 from ..nn.perforation import fit_structure, layer_specs
+from .call_args import model_and_path
 from .format import Checkpoint, load_checkpoint, save_checkpoint
-from .model_state import load_state_into, model_and_path, rehearse_load, shadow_copy
+from .model_state import load_state_into, rehearse_load, shadow_copy
 
 
 def save_model(path: str | os.PathLike | nn.Module, model: nn.Module | str | os.PathLike,

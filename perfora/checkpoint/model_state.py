@@ -78,13 +78,3 @@ def rehearse_load(shadow: nn.Module, state: Mapping[str, torch.Tensor], source: 
                   for key, value in state.items()}
     shadow.load_state_dict(weightless, strict=True, assign=True)
 
-
-def model_and_path(first: Any, second: Any, call: str) -> tuple[nn.Module, Any]:
-    """(model, path) from two arguments given in either order (``torch.save`` puts the
-    object first, ``save_model`` the path): a TypeError when neither is a module."""
-    if isinstance(first, nn.Module) and not isinstance(second, nn.Module):
-        return first, second
-    if isinstance(second, nn.Module) and not isinstance(first, nn.Module):
-        return second, first
-    raise TypeError(f"{call} takes a model (an nn.Module) and a path, got "
-                    f"{type(first).__name__} and {type(second).__name__}")

@@ -16,9 +16,9 @@ from typing import Any, Self
 import torch
 from torch import nn
 
+from ..checkpoint.call_args import model_and_path
 from ..checkpoint.dcp import DCP_SUFFIX, newest_checkpoint
 from ..checkpoint.format import Checkpoint
-from ..checkpoint.model_state import model_and_path
 from ..config import PerforaConfig
 from ..distributed.collectives import barrier
 from ..parallel import ParallelBackend, backend_of
