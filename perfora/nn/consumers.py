@@ -19,6 +19,7 @@ stream, split into attention heads, or read by something unknown is refused, wit
 
 from __future__ import annotations
 
+import difflib
 import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -170,12 +171,23 @@ def _refuse(path: str, reason: str, found_by: str) -> LayerPlan:
     return LayerPlan(path, False, reason, found_by=found_by)
 
 
+def _nearest_path(model: nn.Module, path: str) -> str:
+    """'; did you mean ...?' with the model's closest module paths (paths are the unwrapped
+    model's: no DDP 'module.' prefix), or ''."""
+    paths = [p for p, _ in model.named_modules() if p]
+    close = difflib.get_close_matches(path, paths, n=3, cutoff=0.5)
+    if not close and "." in path:  # e.g. 'module.fc1' under DDP: the last parts may match
+        close = [p for p in paths if path.endswith("." + p)][:3]
+    return f"; did you mean {' or '.join(repr(p) for p in close)}?" if close else ""
+
+
 def _explicit(model: nn.Module, path: str, readers: Any) -> LayerPlan:
     """A ``pairs=`` entry, checked against the modules it names."""
     try:
         producer = model.get_submodule(path)
     except AttributeError as exc:
-        raise PerforationError(f"pairs: {path!r} is not a submodule of this model") from exc
+        raise PerforationError(f"pairs: {path!r} is not a submodule of this model"
+                               f"{_nearest_path(model, path)}") from exc
     if not is_producer(producer):
         return _refuse(path, f"a {type(producer).__name__} cannot gain neurons", "pairs")
     if isinstance(readers, str):
@@ -188,7 +200,7 @@ def _explicit(model: nn.Module, path: str, readers: Any) -> LayerPlan:
             module = model.get_submodule(target)
         except AttributeError as exc:
             raise PerforationError(f"pairs[{path!r}]: {target!r} is not a submodule of this "
-                                   "model") from exc
+                                   f"model{_nearest_path(model, target)}") from exc
         if isinstance(module, BN_TYPES):
             entry.through.append((target, 1))
         elif is_producer(module):

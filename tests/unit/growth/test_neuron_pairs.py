@@ -110,3 +110,10 @@ def test_pairs_are_checked_and_kept_json_able():
 def test_a_pair_naming_a_missing_module_is_refused_before_training():
     with pytest.raises(PerforationError, match="'fc3' is not a submodule"):
         _controller(_model(), neuron_pairs={"fc1": ["fc3"]})
+
+
+def test_a_path_with_the_ddp_prefix_is_refused_with_the_path_to_use():
+    # paths are the unwrapped model's: DDP's 'module.' prefix is not part of them
+    with pytest.raises(PerforationError, match=r"'module.fc1' is not a submodule.*did you mean "
+                                               r"'fc1'\?"):
+        _controller(_model(), neuron_pairs={"module.fc1": ["module.fc2"]})
