@@ -72,6 +72,13 @@ def check_neuron_growth(model: nn.Module, backend: ParallelBackend, config: Perf
     # a sharded model's structure-only copy holds the shapes (ZeRO-3's slices do not)
     inner = unwrap_model(backend.template if backend.sharded and backend.template is not None
                          else model)
+    wrapped, modules = dendritic_layers(inner), dict(inner.named_modules())
+    unwrapped = [p for p in (config.neuron_pairs or {}) if p in modules and p not in wrapped]
+    if unwrapped:
+        raise PerforationError(f"neuron_pairs names {unwrapped[0]!r}, which perforate did not "
+                               f"wrap: only wrapped layers gain neurons (wrapped: "
+                               f"{sorted(wrapped)[:8]}); wrap it too, e.g. perforate(model, "
+                               f"paths=[..., {unwrapped[0]!r}])")
     if widening_targets(inner, config.neuron_pairs):
         return True
     if growth == "auto":

@@ -194,6 +194,14 @@ def _explicit(model: nn.Module, path: str, readers: Any) -> LayerPlan:
         readers = [readers]
     entry = LayerPlan(path, True, found_by="pairs")
     width, axis = _width(producer, "out"), _axis(producer)
+    targets = [item if isinstance(item, str) else item[0] for item in readers]
+    if path in targets:
+        raise PerforationError(f"pairs[{path!r}]: a layer cannot read its own outputs; list "
+                               "the modules its outputs go to")
+    twice = sorted({t for t in targets if targets.count(t) > 1})
+    if twice:
+        raise PerforationError(f"pairs[{path!r}]: {twice[0]!r} is listed twice; list each "
+                               "reader once")
     for item in readers:
         target, repeat = (item, 1) if isinstance(item, str) else (item[0], int(item[1]))
         try:

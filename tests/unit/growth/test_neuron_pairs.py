@@ -117,3 +117,24 @@ def test_a_path_with_the_ddp_prefix_is_refused_with_the_path_to_use():
     with pytest.raises(PerforationError, match=r"'module.fc1' is not a submodule.*did you mean "
                                                r"'fc1'\?"):
         _controller(_model(), neuron_pairs={"module.fc1": ["module.fc2"]})
+
+
+@pytest.mark.parametrize(("pairs", "words"), [
+    ({"fc1": ["fc2", "fc2"]}, "'fc2' is listed twice"),  # once crashed halfway through a step
+    ({"fc1": ["fc1"]}, "cannot read its own outputs"),
+])
+def test_readers_listed_twice_or_the_producer_itself_are_refused_before_training(pairs, words):
+    model = _model()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(PerforationError, match=words):
+        _controller(model, neuron_pairs=pairs)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+@pytest.mark.parametrize("growth", ["neurons", "auto"])
+def test_pairs_for_a_layer_perforate_did_not_wrap_are_refused_not_ignored(growth):
+    torch.manual_seed(0)
+    model = perfora.perforate(Untraceable(), paths=["fc2"])
+    with pytest.raises(PerforationError, match=r"names 'fc1', which perforate did not wrap.*"
+                                               r"paths=\[\.\.\., 'fc1'\]"):
+        _controller(model, growth=growth, neuron_pairs={"fc1": ["fc2"]})
