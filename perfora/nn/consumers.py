@@ -210,6 +210,9 @@ def _explicit(model: nn.Module, path: str, readers: Any) -> LayerPlan:
             raise PerforationError(f"pairs[{path!r}]: {target!r} is not a submodule of this "
                                    f"model{_nearest_path(model, target)}") from exc
         if isinstance(module, BN_TYPES):
+            if module.num_features != width:
+                return _refuse(path, f"pairs: {target!r} normalises {module.num_features} "
+                                     f"channels, not the {width} {path!r} gives", "pairs")
             entry.through.append((target, 1))
         elif is_producer(module):
             have = _width(module, "in")

@@ -95,6 +95,13 @@ def test_pairs_widens_a_custom_module_through_batchnorm_and_flatten():
         perfora.plan_widening(model, pairs={"enc": ["nope"]})
     bad = perfora.plan_widening(model, pairs={"enc": ["out"]})  # forgot the flatten repeat
     assert "reads 112 inputs" in bad.refused["enc"]
+    # a BatchNorm of another width named as a reader is refused, not widened out of step
+    wrong = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(5), nn.Linear(8, 2))
+    plan = perfora.plan_widening(wrong, pairs={"0": ["1", "2"]})
+    assert "'1' normalises 5 channels, not the 8 '0' gives" in plan.refused["0"]
+    with pytest.raises(perfora.PerforationError, match="normalises 5 channels"):
+        perfora.widen(wrong, "0", 2, pairs={"0": ["1", "2"]})
+    assert wrong[1].num_features == 5 and wrong[0].out_features == 8  # nothing changed
 
 
 def test_gradmax_directions_give_the_new_outgoing_weights_a_larger_gradient():
