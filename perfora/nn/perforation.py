@@ -39,6 +39,7 @@ class WrappedLayer:
     dendrites: int
     grouped_with: str | None = None
     base_frozen: bool = False
+    started_with: int | None = None  # the neurons it had before neuron growth (if widened)
 
 
 @dataclass
@@ -55,7 +56,8 @@ class ConversionReport:
         for w in self.wrapped:
             group = f" + {w.grouped_with}" if w.grouped_with else ""
             frozen = "  base frozen (only dendrites train)" if w.base_frozen else ""
-            lines.append(f"  {w.path:<{width}}  {w.type}{group}  neurons={w.neurons} "
+            grown = f" (started with {w.started_with})" if w.started_with else ""
+            lines.append(f"  {w.path:<{width}}  {w.type}{group}  neurons={w.neurons}{grown} "
                          f"axis={w.neuron_axis} dendrites={w.dendrites}{frozen}")
         for path, why in self.skipped:
             lines.append(f"  skipped {path}: {why}")
@@ -384,17 +386,27 @@ def _unselected_classes(modules: Mapping[str, nn.Module]) -> str:
             "know, e.g. transformers' Conv1D: neuron_axes={'Conv1D': -1})")
 
 
+def _class_name(module: nn.Module) -> str:
+    """The class the user wrote (a widened layer's class is perfora's subclass of it)."""
+    for cls in type(module).__mro__:
+        if not cls.__name__.startswith("Blocked") and issubclass(cls, nn.Module):
+            return cls.__name__
+    return type(module).__name__
+
+
 def describe(model: nn.Module) -> ConversionReport:
     """What is wrapped (path, type, neurons, dendrites) and which trainable params are not."""
     inner = unwrap_model(model)
     layers = dendritic_layers(inner)
     report = ConversionReport()
     for path, layer in layers.items():
+        blocks = getattr(layer.source, "out_blocks", None)
         report.wrapped.append(WrappedLayer(
-            path=path, type=type(layer.source).__name__, neurons=layer.num_neurons,
+            path=path, type=_class_name(layer.source), neurons=layer.num_neurons,
             neuron_axis=layer.neuron_axis, dendrites=layer.num_dendrites,
             grouped_with=getattr(layer, "grouped_with", None),
-            base_frozen=layer.base_frozen()))
+            base_frozen=layer.base_frozen(),
+            started_with=int(blocks[0]) if blocks and len(blocks) > 1 else None))
     inside = {id(p) for layer in layers.values() for p in layer.parameters()}
     for name, p in inner.named_parameters():
         if p.requires_grad and id(p) not in inside:

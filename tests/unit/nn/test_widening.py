@@ -222,3 +222,13 @@ def test_a_conv_grouped_with_its_batchnorm_and_a_dendritic_conv_consumer_widen_e
     bank = after[3].bank_weight  # per set: 5 old rows (zero new columns), then 3 new rows
     assert bank.shape[:2] == (16, 6)
     assert not bank[:5, 4:].any() and not bank[8:13, 4:].any()
+
+
+def test_describe_names_the_users_class_and_the_width_a_widened_layer_started_with():
+    model = perfora.perforate(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)))
+    perfora.widen(model, "0", 4)
+    perfora.widen(model, "0", 4)
+    report = perfora.describe(model)
+    assert [(w.path, w.type, w.neurons, w.started_with) for w in report.wrapped] == [
+        ("0", "Linear", 16, 8), ("2", "Linear", 2, None)]  # not perfora's BlockedLinear
+    assert "0  Linear  neurons=16 (started with 8) axis=-1" in str(report)
