@@ -164,6 +164,8 @@ class Blockwise(nn.Module):
         self.out_blocks = list(blocks)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[self.axis] != sum(self.out_blocks):
+            return self.fn(x)  # another call of a shared activation (a ResNet block's relu)
         outs = [self.fn(x.narrow(self.axis, s, n).contiguous())
                 for s, n in spans(self.out_blocks)]
         return torch.cat(outs, self.axis)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import difflib
 import operator
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,7 +31,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import PerforationError
-from .blocks import BN_TYPES, CONV_TYPES, Blockwise, is_hf_conv1d
+from .blocks import (
+    BN_TYPES,
+    CONV_TYPES,
+    BlockedBatchNorm,
+    BlockedLayer,
+    Blockwise,
+    is_hf_conv1d,
+)
 from .layers import DendriticLayer
 
 ELEMENTWISE = (nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.ELU, nn.SELU, nn.CELU, nn.GELU, nn.Tanh,
@@ -151,7 +159,37 @@ def plan_widening(model: nn.Module, pairs: Mapping[str, Any] | None = None, *,
     if trace and set(candidates) - decided:
         for entry in _traced(model, set(candidates) - decided):
             plan.layers[entry.path] = entry
+    _refuse_shared(model, plan)
     return plan
+
+
+def _module_at(model: nn.Module, path: str) -> Any:
+    """The module (or function attribute, e.g. a Transformer block's activation) at ``path``."""
+    parent, _, attr = path.rpartition(".")
+    return getattr(model.get_submodule(parent) if parent else model, attr, None)
+
+
+def _refuse_shared(model: nn.Module, plan: WideningPlan) -> None:
+    """Refuse a widening that changes a module reachable at two paths of the model (one
+    object used twice): its other use would see the new neurons' columns or rows too."""
+    paths: dict[int, list[str]] = {}
+    for path, module in model.named_modules(remove_duplicate=False):
+        paths.setdefault(id(module), []).append(path)
+    for path, entry in plan.layers.items():
+        if not entry.widenable:
+            continue
+        changed = [path, *entry.partners, *(p for p, _ in entry.consumers),
+                   *(p for p, _ in entry.through)]
+        for name in changed:
+            module = _module_at(model, name)
+            if not isinstance(module, nn.Module) or isinstance(module, ELEMENTWISE):
+                continue  # a function, or an activation whose blockwise form any input passes
+            others = [p for p in paths.get(id(module), []) if p != name]
+            if others:
+                plan.layers[path] = _refuse(path, f"{name} is the same module as {others[0]} "
+                                                  "(used twice): its other use would change "
+                                                  "too", entry.found_by)
+                break
 
 
 def _candidates(model: nn.Module) -> list[str]:
@@ -339,8 +377,10 @@ def _follow(pre: str, name: str, producer: nn.Module,
 
 class _LeafTracer(torch.fx.Tracer):
     def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
-        return isinstance(m, DendriticLayer) or is_hf_conv1d(m) or \
-            super().is_leaf_module(m, qualname)
+        # perfora's own modules, and the widened (blocked) forms of torch's, are leaves as
+        # the torch modules they stand for are: followed by type, never traced into
+        return isinstance(m, DendriticLayer | Blockwise | BlockedLayer | BlockedBatchNorm) \
+            or is_hf_conv1d(m) or super().is_leaf_module(m, qualname)
 
 
 def _traced(model: nn.Module, wanted: set[str]) -> list[LayerPlan]:
@@ -351,10 +391,27 @@ def _traced(model: nn.Module, wanted: set[str]) -> list[LayerPlan]:
         reason = (f"not in an nn.Sequential chain or a known block, and torch.fx cannot trace "
                   f"the model ({type(exc).__name__}); pass pairs=")
         return [_refuse(p, reason, "torch.fx") for p in sorted(wanted)]
-    out = []
+    calls = Counter(str(node.target) for node in graph.nodes if node.op == "call_module")
+    out, done = [], set()
     for node in graph.nodes:
-        if node.op == "call_module" and node.target in wanted:
-            out.append(_follow_graph(model, node))
+        target = str(node.target)
+        if node.op != "call_module" or target not in wanted or target in done:
+            continue
+        done.add(target)
+        if calls[target] > 1:
+            out.append(_refuse(target, f"it is called {calls[target]} times (its weights are "
+                                       "shared by those calls), so its readers cannot be "
+                                       "widened apart; pass pairs= if they can", "torch.fx"))
+            continue
+        entry = _follow_graph(model, node)
+        # a shared activation is fine: its blockwise form passes other calls' inputs through
+        shared = [p for p, _ in [*entry.consumers, *entry.through] if calls[p] > 1
+                  and not isinstance(_module_at(model, p), ELEMENTWISE)]
+        if entry.widenable and shared:
+            entry = _refuse(target, f"its output goes to {shared[0]}, which is called "
+                                    f"{calls[shared[0]]} times: its other calls' inputs would "
+                                    "not widen", "torch.fx")
+        out.append(entry)
     return out
 
 

@@ -178,3 +178,69 @@ def test_adapters_refuse_a_widened_base(tmp_path):
         perfora.save_dendrites(model, tmp_path / "wide.safetensors")
     with pytest.raises(perfora.CheckpointError, match="gained neurons"):
         perfora.load_dendrites(model, tmp_path / "narrow.safetensors")
+
+
+class _BasicBlock(nn.Module):
+    """torchvision's ResNet BasicBlock layout: one relu module, called twice."""
+
+    def __init__(self, c: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(c, c, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(c)
+        self.relu = nn.ReLU(inplace=True)
+        self.conv2 = nn.Conv2d(c, c, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(c)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.relu(self.bn1(self.conv1(x)))
+        return self.relu(self.bn2(self.conv2(out)) + x)
+
+
+class _TinyResNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 3, padding=1)
+        self.block = _BasicBlock(8)
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.block(torch.relu(self.stem(x))).mean((2, 3)))
+
+
+def test_a_resnet_block_whose_relu_is_called_twice_widens_exactly_twice():
+    # the widened relu splits its input into blocks; its second call (after the residual add,
+    # 8 channels) once failed on that split, so the first widening broke the model
+    torch.manual_seed(0)
+    model = perfora.perforate(_TinyResNet()).eval()
+    x = torch.randn(2, 3, 8, 8)
+    want = model(x)
+    for width in (12, 16):  # the second plan traces the widened model (blocked BatchNorm)
+        perfora.widen(model, "block.conv1", 4)
+        assert model.block.conv1.num_neurons == model.block.bn1.num_features == width
+        assert torch.equal(model(x), want)
+    model.train()
+    model(x).sum().backward()
+    assert model.block.conv1.source.weight.grad[8:].abs().sum() == 0  # zero outgoing weights
+    assert model.block.conv2.source.weight.grad[:, 8:].abs().sum() > 0  # ... which learn
+
+
+def test_a_module_called_twice_or_reachable_twice_is_not_widened():
+    class Twice(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inp, self.fc, self.out = nn.Linear(4, 8), nn.Linear(8, 8), nn.Linear(8, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = torch.relu(self.fc(torch.relu(self.inp(x))))
+            return self.out(torch.relu(self.fc(h)))  # fc again: its weights are shared
+
+    plan = perfora.plan_widening(perfora.perforate(Twice()))
+    assert "fc, which is called 2 times" in plan.refused["inp"]
+    assert "it is called 2 times" in plan.refused["fc"]
+    shared = nn.Linear(8, 8)
+    seq = perfora.perforate(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), shared, nn.ReLU(), shared,
+                                          nn.ReLU(), nn.Linear(8, 2)))
+    plan = perfora.plan_widening(seq)
+    assert "is the same module as" in plan.refused["0"]
+    with pytest.raises(perfora.PerforationError, match="used twice"):
+        perfora.widen(seq, "0", 2)
