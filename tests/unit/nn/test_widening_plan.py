@@ -244,3 +244,39 @@ def test_a_module_called_twice_or_reachable_twice_is_not_widened():
     assert "is the same module as" in plan.refused["0"]
     with pytest.raises(perfora.PerforationError, match="used twice"):
         perfora.widen(seq, "0", 2)
+
+
+class _Bottleneck(nn.Module):
+    """torchvision's Bottleneck layout: one relu called three times, a downsample branch."""
+
+    def __init__(self, cin: int, width: int, cout: int) -> None:
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(cin, width, 1, bias=False), nn.BatchNorm2d(width)
+        self.conv2 = nn.Conv2d(width, width, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(width)
+        self.conv3, self.bn3 = nn.Conv2d(width, cout, 1, bias=False), nn.BatchNorm2d(cout)
+        self.relu = nn.ReLU(inplace=True)
+        self.downsample = nn.Sequential(nn.Conv2d(cin, cout, 1, bias=False),
+                                        nn.BatchNorm2d(cout))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        identity = self.downsample(x)
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.relu(self.bn2(self.conv2(out)))
+        return self.relu(self.bn3(self.conv3(out)) + identity)
+
+
+def test_bottleneck_blocks_widen_their_inner_convolutions_exactly_twice():
+    torch.manual_seed(0)
+    model = perfora.perforate(nn.Sequential(_Bottleneck(4, 6, 8), _Bottleneck(8, 6, 8))).eval()
+    x = torch.randn(2, 4, 5, 5)
+    want = model(x)
+    plan = perfora.plan_widening(model)
+    inner = ["0.conv1", "0.conv2", "1.conv1", "1.conv2"]
+    assert sorted(path for path, e in plan.layers.items() if e.widenable) == inner
+    assert "residual connection" in plan.refused["0.conv3"]
+    for _ in range(2):
+        for path in inner:
+            perfora.widen(model, path, 3)
+            assert torch.equal(model(x), want), path
+    assert model[1].conv2.num_neurons == 12 and model[1].conv3.source.in_channels == 12
