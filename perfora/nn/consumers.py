@@ -298,6 +298,23 @@ def _known_blocks(model: nn.Module) -> list[LayerPlan]:
             out.append(LayerPlan(pre + "c_fc", True, consumers=[(pre + "c_proj", 1)],
                                  through=[(pre + "act", -1)], found_by="GPT-2 MLP"))
             out.append(_refuse(pre + "c_proj", _RESIDUAL, "GPT-2 MLP"))
+        elif type(m).__name__.endswith("DenseGatedActDense") and \
+                has("wi_0", "wi_1", "wo", "act"):  # T5 v1.1, mT5, UMT5: act(wi_0) * wi_1
+            for name, other in (("wi_0", "wi_1"), ("wi_1", "wi_0")):
+                out.append(LayerPlan(pre + name, True, consumers=[(pre + "wo", 1)],
+                                     through=_present(m, pre, "act", "dropout"),
+                                     partners=[pre + other], found_by="T5 feed-forward"))
+            out.append(_refuse(pre + "wo", _RESIDUAL, "T5 feed-forward"))
+        elif type(m).__name__.endswith("DenseActDense") and has("wi", "wo", "act"):  # T5
+            out.append(LayerPlan(pre + "wi", True, consumers=[(pre + "wo", 1)],
+                                 through=_present(m, pre, "act", "dropout"),
+                                 found_by="T5 feed-forward"))
+            out.append(_refuse(pre + "wo", _RESIDUAL, "T5 feed-forward"))
+        elif type(m).__name__.endswith("MLP") and has("fc1", "fc2", "activation_fn") \
+                and not has("gate_proj"):  # ViT (transformers 5), CLIP, SigLIP: fc1 -> act -> fc2
+            out.append(LayerPlan(pre + "fc1", True, consumers=[(pre + "fc2", 1)],
+                                 through=[(pre + "activation_fn", -1)], found_by="ViT/CLIP MLP"))
+            out.append(_refuse(pre + "fc2", _RESIDUAL, "ViT/CLIP MLP"))
         elif has("gate_proj", "up_proj", "down_proj", "act_fn"):
             for name, other in (("gate_proj", "up_proj"), ("up_proj", "gate_proj")):
                 out.append(LayerPlan(pre + name, True, consumers=[(pre + "down_proj", 1)],
@@ -313,6 +330,12 @@ def _known_blocks(model: nn.Module) -> list[LayerPlan]:
                                        "split into heads or added to the residual stream",
                                        "attention"))
     return out
+
+
+def _present(block: nn.Module, pre: str, *names: str) -> list[tuple[str, int]]:
+    """(path, feature axis -1) for each of ``names`` the block has: the modules between a
+    feed-forward pair's layers, each applied block by block once widened."""
+    return [(pre + name, -1) for name in names if hasattr(block, name)]
 
 
 def _has_path(module: nn.Module, dotted: str) -> bool:

@@ -232,3 +232,50 @@ def test_describe_names_the_users_class_and_the_width_a_widened_layer_started_wi
     assert [(w.path, w.type, w.neurons, w.started_with) for w in report.wrapped] == [
         ("0", "Linear", 16, 8), ("2", "Linear", 2, None)]  # not perfora's BlockedLinear
     assert "0  Linear  neurons=16 (started with 8) axis=-1" in str(report)
+
+
+def _t5(gated: bool):
+    transformers = pytest.importorskip("transformers", reason="transformers not installed")
+    return transformers.T5ForConditionalGeneration(transformers.T5Config(
+        vocab_size=50, d_model=16, d_kv=4, d_ff=24, num_layers=1, num_heads=2,
+        decoder_start_token_id=0, dropout_rate=0.0,
+        feed_forward_proj="gated-gelu" if gated else "relu"))
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_t5_feed_forward_widens_exactly(gated):
+    # T5's wi -> act -> wo (T5 v1.1 and mT5: act(wi_0) * wi_1 -> wo, wi_0 and wi_1 together)
+    torch.manual_seed(0)
+    model = perfora.perforate(_t5(gated)).eval()
+    ids, dec = torch.randint(0, 50, (2, 5)), torch.randint(0, 50, (2, 4))
+    want = model(input_ids=ids, decoder_input_ids=dec).logits
+    plan = perfora.plan_widening(model)
+    first = "wi_0" if gated else "wi"
+    chosen = [p for p in plan.widenable if p.endswith(first)]
+    assert len(chosen) == 2 and all(plan.layers[p].found_by == "T5 feed-forward"
+                                    for p in chosen)  # the encoder's and the decoder's
+    assert not plan.layers[chosen[0].rsplit(".", 1)[0] + ".wo"].widenable  # residual stream
+    for path in chosen:
+        perfora.widen(model, path, 4)
+    ff = model.encoder.block[0].layer[1].DenseReluDense
+    assert ff.wo.source.in_features == 28
+    assert torch.equal(model(input_ids=ids, decoder_input_ids=dec).logits, want)
+
+
+def test_vit_mlp_widens_exactly():
+    transformers = pytest.importorskip("transformers", reason="transformers not installed")
+    torch.manual_seed(0)
+    vit = transformers.ViTForImageClassification(transformers.ViTConfig(
+        image_size=8, patch_size=4, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=24, num_labels=3))
+    model = perfora.perforate(vit).eval()
+    x = torch.randn(2, 3, 8, 8)
+    want = model(x).logits
+    plan = perfora.plan_widening(model)
+    if not any(p.endswith("mlp.fc1") for p in plan.layers):  # transformers < 5: BERT names
+        assert sum(p.endswith("intermediate.dense") for p in plan.widenable) == 2
+    else:
+        assert [p for p in plan.widenable] == [f"vit.layers.{i}.mlp.fc1" for i in range(2)]
+    for path in plan.widenable:
+        perfora.widen(model, path, 4)
+    assert torch.equal(model(x).logits, want)
