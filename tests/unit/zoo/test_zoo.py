@@ -69,11 +69,11 @@ def test_two_dendrite_sets_leave_the_output_bit_identical(zoo):
     assert torch.equal(_out(zoo, grown), before)
 
 
-# the feed-forward layers neuron growth finds in each (docs/zoo.md); the transformers ResNet
-# and MobileNetV2 chain their convolutions through modules of their own, which it does not
-# follow, and fx cannot trace them
+# the layers neuron growth finds in each (docs/zoo.md): the Transformers' feed-forward hidden
+# layers, the ResNet's first convolution of each basic block (through its ConvLayer modules);
+# MobileNetV2's convolutions feed depthwise ones, which cannot gain input channels alone
 WIDENABLE = {"gpt2": 2, "llama-tied": 4, "llama-untied": 4, "bert-cls": 2, "bert-mlm": 2,
-             "t5": 2, "hf-vit": 2, "hf-resnet": 0, "hf-mobilenet-v2": 0}
+             "t5": 2, "hf-vit": 2, "hf-resnet": 2, "hf-mobilenet-v2": 0}
 
 
 @pytest.mark.parametrize("zoo", ZOO, ids=IDS)

@@ -1,0 +1,85 @@
+"""The feed-forward pairs of known Transformer blocks (torch's, BERT, GPT-2, Llama, T5, ViT and
+CLIP MLPs): which hidden layer gains neurons and what reads it, and refusals for the rest of
+those blocks (the residual width, attention projections). Only the hidden width grows."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from .blocks import is_hf_conv1d
+from .layers import DendriticLayer
+from .plan_types import ATTENTION_NAMES, RESIDUAL, LayerPlan, is_producer, refuse
+
+
+def known_blocks(model: nn.Module) -> list[LayerPlan]:
+    """The Transformer feed-forward pairs, and refusals for the rest of those blocks."""
+    out: list[LayerPlan] = []
+    for path, m in model.named_modules():
+        pre = f"{path}." if path else ""
+
+        def has(*names: str, _m=m) -> bool:
+            return all(_has_path(_m, n) for n in names)
+
+        if isinstance(m, nn.TransformerEncoderLayer | nn.TransformerDecoderLayer):
+            out.append(LayerPlan(pre + "linear1", True, consumers=[(pre + "linear2", 1)],
+                                 through=[(pre + "activation", -1), (pre + "dropout", -1)],
+                                 found_by="nn.Transformer block"))
+            out.append(refuse(pre + "linear2", RESIDUAL, "nn.Transformer block"))
+        elif has("intermediate.dense", "intermediate.intermediate_act_fn", "output.dense"):
+            out.append(LayerPlan(pre + "intermediate.dense", True,
+                                 consumers=[(pre + "output.dense", 1)],
+                                 through=[(pre + "intermediate.intermediate_act_fn", -1)],
+                                 found_by="BERT block"))
+            out.append(refuse(pre + "output.dense", RESIDUAL + " (then LayerNorm)",
+                               "BERT block"))
+        elif has("c_fc", "c_proj", "act") and is_hf_conv1d(
+                m.c_fc.source if isinstance(m.c_fc, DendriticLayer) else m.c_fc):
+            out.append(LayerPlan(pre + "c_fc", True, consumers=[(pre + "c_proj", 1)],
+                                 through=[(pre + "act", -1)], found_by="GPT-2 MLP"))
+            out.append(refuse(pre + "c_proj", RESIDUAL, "GPT-2 MLP"))
+        elif type(m).__name__.endswith("DenseGatedActDense") and \
+                has("wi_0", "wi_1", "wo", "act"):  # T5 v1.1, mT5, UMT5: act(wi_0) * wi_1
+            for name, other in (("wi_0", "wi_1"), ("wi_1", "wi_0")):
+                out.append(LayerPlan(pre + name, True, consumers=[(pre + "wo", 1)],
+                                     through=_present(m, pre, "act", "dropout"),
+                                     partners=[pre + other], found_by="T5 feed-forward"))
+            out.append(refuse(pre + "wo", RESIDUAL, "T5 feed-forward"))
+        elif type(m).__name__.endswith("DenseActDense") and has("wi", "wo", "act"):  # T5
+            out.append(LayerPlan(pre + "wi", True, consumers=[(pre + "wo", 1)],
+                                 through=_present(m, pre, "act", "dropout"),
+                                 found_by="T5 feed-forward"))
+            out.append(refuse(pre + "wo", RESIDUAL, "T5 feed-forward"))
+        elif type(m).__name__.endswith("MLP") and has("fc1", "fc2", "activation_fn") \
+                and not has("gate_proj"):  # ViT (transformers 5), CLIP, SigLIP: fc1 -> act -> fc2
+            out.append(LayerPlan(pre + "fc1", True, consumers=[(pre + "fc2", 1)],
+                                 through=[(pre + "activation_fn", -1)], found_by="ViT/CLIP MLP"))
+            out.append(refuse(pre + "fc2", RESIDUAL, "ViT/CLIP MLP"))
+        elif has("gate_proj", "up_proj", "down_proj", "act_fn"):
+            for name, other in (("gate_proj", "up_proj"), ("up_proj", "gate_proj")):
+                out.append(LayerPlan(pre + name, True, consumers=[(pre + "down_proj", 1)],
+                                     through=[(pre + "act_fn", -1)], partners=[pre + other],
+                                     found_by="Llama MLP"))
+            out.append(refuse(pre + "down_proj", RESIDUAL, "Llama MLP"))
+        else:
+            for name, child in m.named_children():
+                attention = "attention" in type(m).__name__.lower()
+                if (name in ATTENTION_NAMES or attention) and is_producer(child) or \
+                        isinstance(m, nn.MultiheadAttention) and name == "out_proj":
+                    out.append(refuse(pre + name, "an attention projection: its outputs are "
+                                       "split into heads or added to the residual stream",
+                                       "attention"))
+    return out
+
+
+def _present(block: nn.Module, pre: str, *names: str) -> list[tuple[str, int]]:
+    """(path, feature axis -1) for each of ``names`` the block has: the modules between a
+    feed-forward pair's layers, each applied block by block once widened."""
+    return [(pre + name, -1) for name in names if hasattr(block, name)]
+
+
+def _has_path(module: nn.Module, dotted: str) -> bool:
+    for name in dotted.split("."):
+        if not hasattr(module, name):
+            return False
+        module = getattr(module, name)
+    return True

@@ -1,0 +1,102 @@
+"""The plan of a widening: which layers can gain neurons, what changes with each, and the
+module kinds the search knows (read by :mod:`perfora.nn.consumers` and
+:mod:`perfora.nn.known_blocks`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from torch import nn
+
+from .blocks import CONV_TYPES, Blockwise, is_hf_conv1d
+from .layers import DendriticLayer
+
+ELEMENTWISE = (nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.ELU, nn.SELU, nn.CELU, nn.GELU, nn.Tanh,
+               nn.Sigmoid, nn.SiLU, nn.Mish, nn.Softplus, nn.Hardtanh, nn.Hardswish,
+               nn.Hardsigmoid, nn.Tanhshrink, nn.Softsign, nn.Identity, Blockwise)
+DROPOUT = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout)
+POOLING = (nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d,
+           nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool3d,
+           nn.AdaptiveMaxPool1d, nn.AdaptiveMaxPool2d, nn.AdaptiveMaxPool3d)
+JOINT_NORMS = (nn.LayerNorm, nn.GroupNorm, nn.RMSNorm, nn.LocalResponseNorm)
+ATTENTION_NAMES = {"q_proj", "k_proj", "v_proj", "o_proj", "out_proj", "query", "key",
+                    "value", "c_attn", "qkv", "in_proj", "q", "k", "v"}
+RESIDUAL = "its output is added into the residual stream (d_model), which many layers read"
+
+
+@dataclass
+class LayerPlan:
+    """One layer: can it gain neurons, and if so what changes with it.
+
+    ``consumers``: (path, repeat) of each layer that gains ``k * repeat`` zero input columns
+    (repeat is the spatial size after a Flatten, else 1); ``through``: (path, axis) of each
+    BatchNorm (gains channels) or stateless module/function (applied block by block) between
+    them; ``partners``: layers widened together with this one (Llama's gate and up)."""
+
+    path: str
+    widenable: bool
+    reason: str | None = None
+    consumers: list[tuple[str, int]] = field(default_factory=list)
+    through: list[tuple[str, int]] = field(default_factory=list)
+    partners: list[str] = field(default_factory=list)
+    found_by: str = ""
+
+
+@dataclass
+class WideningPlan:
+    """Per layer (by path), whether it can gain neurons: its consumers, or why not."""
+
+    layers: dict[str, LayerPlan] = field(default_factory=dict)
+
+    @property
+    def widenable(self) -> list[str]:
+        return [p for p, e in self.layers.items() if e.widenable]
+
+    @property
+    def refused(self) -> dict[str, str]:
+        return {p: e.reason or "" for p, e in self.layers.items() if not e.widenable}
+
+    def __str__(self) -> str:
+        lines = [f"{len(self.widenable)} of {len(self.layers)} layer(s) can gain neurons:"]
+        for path, e in self.layers.items():
+            if e.widenable:
+                reads = ", ".join(p if r == 1 else f"{p} (x{r})" for p, r in e.consumers)
+                extra = f" with {', '.join(e.partners)}" if e.partners else ""
+                lines.append(f"  {path}{extra} -> {reads}  [{e.found_by}]")
+            else:
+                lines.append(f"  {path}: refused: {e.reason}")
+        return "\n".join(lines)
+
+
+def is_producer(module: nn.Module) -> bool:
+    """A layer that can gain output neurons: Linear, Conv (groups=1), HF Conv1D, or a
+    Linear/Conv dendritic layer."""
+    if isinstance(module, DendriticLayer):
+        if module.kind == "generic":  # e.g. GPT-2's Conv1D: widenable while it has no sets
+            return module.num_dendrites == 0 and (isinstance(module.source, nn.Linear)
+                                                  or is_hf_conv1d(module.source))
+        return module.kind in ("linear", "conv") and module._groups() == 1
+    if isinstance(module, CONV_TYPES):
+        return module.groups == 1
+    return isinstance(module, nn.Linear) or is_hf_conv1d(module)
+
+
+def width_of(module: nn.Module, side: str) -> int:
+    """A layer's output ('out') or input ('in') width (HF Conv1D's weight is [in, out])."""
+    core = module.source if isinstance(module, DendriticLayer) else module
+    w = core.weight
+    if is_hf_conv1d(core):
+        return int(w.shape[1] if side == "out" else w.shape[0])
+    return int(w.shape[0] if side == "out" else w.shape[1])
+
+
+def axis_of(module: nn.Module) -> int:
+    """The axis of a layer's outputs that holds its neurons (a conv's channels, from the end)."""
+    core = module.source if isinstance(module, DendriticLayer) else module
+    # a conv's channel axis counted from the end: the same for batched and unbatched inputs
+    return 1 - core.weight.dim() if isinstance(core, CONV_TYPES) else -1
+
+
+def refuse(path: str, reason: str, found_by: str) -> LayerPlan:
+    """A plan entry that says why ``path`` cannot gain neurons."""
+    return LayerPlan(path, False, reason, found_by=found_by)
