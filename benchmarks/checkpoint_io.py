@@ -143,14 +143,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="two small sizes, one round")
     parser.add_argument("--no-fsync", action="store_true", help="PERFORA_FSYNC=0")
-    parser.add_argument("--out", type=Path, default=None, help=output_paths.default_help(OUTPUT))
-    output_paths.add_update_stored(parser)
+    output_paths.add_output_options(parser, OUTPUT, "--out")
     return parser
 
 
 def output_path(args: argparse.Namespace) -> Path:
     """Where the JSON goes: --out, else results/local/ (results/ with --update-stored)."""
-    return args.out or output_paths.results_dir(args.update_stored) / OUTPUT
+    return output_paths.output_file(args, OUTPUT, "out")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -114,14 +114,13 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--keep", type=Path, default=None,
                     help="work in this (new) folder and keep it: the runs, each launch's "
                          "folder and, where the kernel writes them there, core files")
-    ap.add_argument("--json", type=Path, default=None, help=output_paths.default_help(OUTPUT))
-    output_paths.add_update_stored(ap)
+    output_paths.add_output_options(ap, OUTPUT, "--json")
     return ap
 
 
 def output_path(args: argparse.Namespace) -> Path:
     """Where the JSON goes: --json, else results/local/ (results/ with --update-stored)."""
-    return args.json or output_paths.results_dir(args.update_stored) / OUTPUT
+    return output_paths.output_file(args, OUTPUT, "json")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -132,14 +132,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--src", type=Path, default=ROOT,
                         help="the perfora checkout to run (default: this one)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per file")
-    parser.add_argument("--out", type=Path, default=None, help=output_paths.default_help(OUTPUT))
-    output_paths.add_update_stored(parser)
+    output_paths.add_output_options(parser, OUTPUT, "--out")
     return parser
 
 
 def output_path(args: argparse.Namespace) -> Path:
     """Where the JSON goes: --out, else results/local/ (results/ with --update-stored)."""
-    return args.out or output_paths.results_dir(args.update_stored) / OUTPUT
+    return output_paths.output_file(args, OUTPUT, "out")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -158,15 +158,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--steps", type=int, default=20, help="steps per variant per round")
     parser.add_argument("--restarts", type=int, default=3, help="restarts to time")
-    parser.add_argument("--out", type=Path, default=None, help=output_paths.default_help(OUTPUT))
-    output_paths.add_update_stored(parser)
+    output_paths.add_output_options(parser, OUTPUT, "--out")
     parser.add_argument("--restart-probe", help=argparse.SUPPRESS)
     return parser
 
 
 def output_path(args: argparse.Namespace) -> Path:
     """Where the JSON goes: --out, else results/local/ (results/ with --update-stored)."""
-    return args.out or output_paths.results_dir(args.update_stored) / OUTPUT
+    return output_paths.output_file(args, OUTPUT, "out")
 
 
 def main(argv: list[str] | None = None) -> int:

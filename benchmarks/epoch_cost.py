@@ -185,15 +185,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=200)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--json", type=Path, default=None,
-                        help=output_paths.default_help(OUTPUT))
-    output_paths.add_update_stored(parser)
+    output_paths.add_output_options(parser, OUTPUT, "--json")
     return parser
 
 
 def output_path(args: argparse.Namespace) -> Path:
     """Where the JSON goes: --json, else results/local/ (results/ with --update-stored)."""
-    return args.json or output_paths.results_dir(args.update_stored) / OUTPUT
+    return output_paths.output_file(args, OUTPUT, "json")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -84,14 +84,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--quick", action="store_true", help="3 rounds of 5 repeats")
-    parser.add_argument("--out", type=Path, default=None, help=output_paths.default_help(OUTPUT))
-    output_paths.add_update_stored(parser)
+    output_paths.add_output_options(parser, OUTPUT, "--out")
     return parser
 
 
 def output_path(args: argparse.Namespace) -> Path:
     """Where the JSON goes: --out, else results/local/ (results/ with --update-stored)."""
-    return args.out or output_paths.results_dir(args.update_stored) / OUTPUT
+    return output_paths.output_file(args, OUTPUT, "out")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -113,14 +113,13 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--at-once", type=int, default=6, help="launches running together")
     ap.add_argument("--timeout-s", type=float, default=60.0,
                     help="per launch; a launch still running then counts as hung")
-    ap.add_argument("--json", type=Path, default=None, help=output_paths.default_help(OUTPUT))
-    output_paths.add_update_stored(ap)
+    output_paths.add_output_options(ap, OUTPUT, "--json")
     return ap
 
 
 def output_path(args: argparse.Namespace) -> Path:
     """Where the JSON goes: --json, else results/local/ (results/ with --update-stored)."""
-    return args.json or output_paths.results_dir(args.update_stored) / OUTPUT
+    return output_paths.output_file(args, OUTPUT, "json")
 
 
 def main(argv: list[str] | None = None) -> int:

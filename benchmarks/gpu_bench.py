@@ -259,7 +259,7 @@ def build_parser() -> argparse.ArgumentParser:
 def output_path(args: argparse.Namespace) -> Path:
     """Where the JSON goes: --out, else results/local/ (results/ with --update-stored)."""
     name = f"gpu_bench_{_slug(_device_name(args.device))}.json"
-    return args.out or output_paths.results_dir(args.update_stored) / name
+    return output_paths.output_file(args, name, "out")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -121,9 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=5,
                         help="seeds 0..N-1 (default 5: with 3, one seed moves a median)")
-    parser.add_argument("--json", type=Path, default=None,
-                        help=output_paths.default_help(OUTPUT))
-    output_paths.add_update_stored(parser)
+    output_paths.add_output_options(parser, OUTPUT, "--json")
     settings_arg.add_set_argument(
         parser, help="PerforaConfig overrides for the grown run (JSON values), to measure a "
                      "variant of the default; the plain networks are unchanged")
@@ -132,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def output_path(args: argparse.Namespace) -> Path:
     """Where the JSON goes: --json, else results/local/ (results/ with --update-stored)."""
-    return args.json or output_paths.results_dir(args.update_stored) / OUTPUT
+    return output_paths.output_file(args, OUTPUT, "json")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -201,7 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
 def output_path(args: argparse.Namespace) -> Path:
     """Where the JSON goes: --out, else results/local/ (results/ with --update-stored)."""
     name = OUTPUT if args.device == "cpu" else "memory_cuda.json"
-    return args.out or output_paths.results_dir(args.update_stored) / name
+    return output_paths.output_file(args, name, "out")
 
 
 def main(argv: list[str] | None = None) -> int:

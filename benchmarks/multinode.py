@@ -149,8 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The command line."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--restarts", type=int, default=3, help="restarts to time per size")
-    ap.add_argument("--json", type=Path, default=None, help=output_paths.default_help(OUTPUT))
-    output_paths.add_update_stored(ap)
+    output_paths.add_output_options(ap, OUTPUT, "--json")
     ap.add_argument("--rank-job", nargs="+", help=argparse.SUPPRESS)
     ap.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     return ap
@@ -158,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def output_path(args: argparse.Namespace) -> Path:
     """Where the JSON goes: --json, else results/local/ (results/ with --update-stored)."""
-    return args.json or output_paths.results_dir(args.update_stored) / OUTPUT
+    return output_paths.output_file(args, OUTPUT, "json")
 
 
 def main(argv: list[str] | None = None) -> int:

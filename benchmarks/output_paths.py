@@ -37,3 +37,16 @@ def default_help(name: str, what: str = "JSON output path") -> str:
     """The help text of an output option whose default file is ``name``."""
     return (f"{what} (default benchmarks/results/local/{name}; with --update-stored "
             f"benchmarks/results/{name})")
+
+
+def add_output_options(parser: argparse.ArgumentParser, name: str, flag: str = "--json") -> None:
+    """The output file option (``flag``, default results/local/``name``) and
+    ``--update-stored``: what every benchmark that writes one JSON file takes."""
+    parser.add_argument(flag, type=Path, default=None, help=default_help(name))
+    add_update_stored(parser)
+
+
+def output_file(args: argparse.Namespace, name: str, flag: str = "json") -> Path:
+    """The file a run writes: the one given with ``--<flag>``, else ``name`` in
+    results/local/ (results/ with ``--update-stored``)."""
+    return getattr(args, flag) or results_dir(args.update_stored) / name

@@ -312,8 +312,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--quick", action="store_true", help="few repeats (smoke run)")
     ap.add_argument("--threads", type=int, default=None,
                     help="torch.set_num_threads (default: torch's default)")
-    ap.add_argument("--out", type=Path, default=None, help=output_paths.default_help(OUTPUT))
-    output_paths.add_update_stored(ap)
+    output_paths.add_output_options(ap, OUTPUT, "--out")
     ap.add_argument("--repeats", type=int, default=None,
                     help="rounds per group (default: as many as fit a time budget)")
     ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
@@ -339,7 +338,7 @@ def output_path(args: argparse.Namespace) -> Path:
     after the variant."""
     name = ("overhead_floor.json" if args.floor else "overhead_compiled.json" if args.compile
             else "overhead_unfused.json" if args.unfused else OUTPUT)
-    return args.out or output_paths.results_dir(args.update_stored) / name
+    return output_paths.output_file(args, name, "out")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -200,14 +200,13 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--width", type=int, default=2048)
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--ranks", type=int, default=2)
-    ap.add_argument("--json", type=Path, default=None, help=output_paths.default_help(OUTPUT))
-    output_paths.add_update_stored(ap)
+    output_paths.add_output_options(ap, OUTPUT, "--json")
     return ap
 
 
 def output_path(args: argparse.Namespace) -> Path:
     """Where the JSON goes: --json, else results/local/ (results/ with --update-stored)."""
-    return args.json or output_paths.results_dir(args.update_stored) / OUTPUT
+    return output_paths.output_file(args, OUTPUT, "json")
 
 
 def main(argv: list[str] | None = None) -> int:

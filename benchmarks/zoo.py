@@ -319,7 +319,7 @@ def build_parser() -> argparse.ArgumentParser:
 def output_path(args: argparse.Namespace) -> Path:
     """Where the JSON goes: --out, else results/local/ (results/ with --update-stored)."""
     name = "zoo_quick.json" if args.quick else "zoo.json"
-    return args.out or output_paths.results_dir(args.update_stored) / name
+    return output_paths.output_file(args, name, "out")
 
 
 def main(argv: list[str] | None = None) -> int:

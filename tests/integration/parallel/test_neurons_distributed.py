@@ -29,19 +29,17 @@ def _rank_diff(model: nn.Module) -> float:
     return max((g - gathered[0]).abs().max().item() for g in gathered)
 
 
-def grow_neurons_on_rank_data(rank: int, tmp: Path, growth: str = "neurons") -> dict:
-    torch.manual_seed(0)
-    model = perfora.perforate(nn.Sequential(nn.Linear(6, 4), nn.Tanh(), nn.Linear(4, 3)))
-    ddp = DDP(model)
-    ctl = perfora.GrowthController(ddp, growth=growth, switch_mode="every_epoch",
-                                   max_neuron_steps=2, write_files=False, candidate_steps=5,
-                                   neuron_init="gradmax")
+def _grow_on_rank_data(ddp: nn.Module, ctl: perfora.GrowthController, rank: int,
+                       scores: tuple[float, ...]) -> tuple[nn.Module, list, list, list]:
+    """One epoch per score: 3 Adam steps on this rank's own task (6 inputs, 3 classes), then
+    ``ctl.step(score)``. Returns the model, each step's reason, the largest difference
+    between ranks' parameters and whether a fixed batch's output stayed bit-identical."""
     ctl.set_optimizer(torch.optim.Adam, lr=0.01)
     opt, _ = ctl.build_optimizer()
     gen = torch.Generator().manual_seed(rank)
     x_fixed = torch.randn(8, 6, generator=torch.Generator().manual_seed(9))
     reasons, diffs, exact = [], [], []
-    for epoch in range(3):
+    for score in scores:
         ddp.train()
         for _ in range(3):
             x = torch.randn(32, 6, generator=gen)
@@ -52,14 +50,25 @@ def grow_neurons_on_rank_data(rank: int, tmp: Path, growth: str = "neurons") -> 
         ddp.eval()
         with torch.no_grad():
             before = ddp(x_fixed)
-        # neurons: each model the best so far; auto: two dendrite sets, the 2nd fails
-        score = (0.5, 0.6, 0.55)[epoch] if growth == "auto" else 0.5 + 0.1 * epoch
         decision = ctl.step(score, model=ddp)
         ddp, opt = decision.model, decision.optimizer
         with torch.no_grad():
             exact.append(bool(torch.equal(ddp(x_fixed), before)))
         reasons.append(decision.reason)
         diffs.append(_rank_diff(ddp))
+    return ddp, reasons, diffs, exact
+
+
+def grow_neurons_on_rank_data(rank: int, tmp: Path, growth: str = "neurons") -> dict:
+    torch.manual_seed(0)
+    model = perfora.perforate(nn.Sequential(nn.Linear(6, 4), nn.Tanh(), nn.Linear(4, 3)))
+    ddp = DDP(model)
+    ctl = perfora.GrowthController(ddp, growth=growth, switch_mode="every_epoch",
+                                   max_neuron_steps=2, write_files=False, candidate_steps=5,
+                                   neuron_init="gradmax")
+    # neurons: each model the best so far; auto: two dendrite sets, the 2nd fails
+    scores = (0.5, 0.6, 0.55) if growth == "auto" else (0.5, 0.6, 0.7)
+    ddp, reasons, diffs, exact = _grow_on_rank_data(ddp, ctl, rank, scores)
     return {"reasons": reasons, "diffs": diffs, "exact": exact,
             "dendrites": {p: layer.num_dendrites
                           for p, layer in perfora.dendritic_layers(ddp).items()},
@@ -112,26 +121,7 @@ def grow_named_pairs_on_rank_data(rank: int, tmp: Path) -> dict:
     ctl = perfora.GrowthController(ddp, growth="neurons", switch_mode="every_epoch",
                                    max_neuron_steps=2, write_files=False,
                                    neuron_pairs={"fc1": ["fc2"]})
-    ctl.set_optimizer(torch.optim.Adam, lr=0.01)
-    opt, _ = ctl.build_optimizer()
-    gen = torch.Generator().manual_seed(rank)
-    x_fixed = torch.randn(8, 6, generator=torch.Generator().manual_seed(9))
-    reasons, diffs, exact = [], [], []
-    for epoch in range(2):
-        for _ in range(3):
-            x = torch.randn(32, 6, generator=gen)
-            y = (x[:, 2 * rank] > 0).long() + (x[:, 1 + rank] > 1).long()  # rank's own task
-            opt.zero_grad()
-            nn.functional.cross_entropy(ddp(x), y).backward()
-            opt.step()
-        with torch.no_grad():
-            before = ddp(x_fixed)
-        decision = ctl.step(0.5 + 0.1 * epoch, model=ddp)
-        ddp, opt = decision.model, decision.optimizer
-        with torch.no_grad():
-            exact.append(bool(torch.equal(ddp(x_fixed), before)))
-        reasons.append(decision.reason)
-        diffs.append(_rank_diff(ddp))
+    ddp, reasons, diffs, exact = _grow_on_rank_data(ddp, ctl, rank, (0.5, 0.6))
     return {"reasons": reasons, "diffs": diffs, "exact": exact,
             "width": perfora.unwrap_model(ddp).fc1.num_neurons}
 
