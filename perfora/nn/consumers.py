@@ -46,10 +46,12 @@ from .plan_types import (
     ELEMENTWISE,
     JOINT_NORMS,
     POOLING,
+    WIDTH_EXACT,
     LayerPlan,
     WideningPlan,
     axis_of,
     is_producer,
+    parametrized,
     refuse,
     width_of,
 )
@@ -57,7 +59,10 @@ from .plan_types import (
 # functions that compute each element the same way whatever the tensor's width
 _EXACT_FUNCTIONS = {F.relu, torch.relu, F.relu6, F.hardtanh, F.max_pool1d, F.max_pool2d,
                     F.max_pool3d}
+_POOL_FUNCTIONS = {F.max_pool1d, F.max_pool2d, F.max_pool3d}
 _EXACT_METHODS = {"relu", "relu_"}
+_LAST_AXIS = ("a Linear's neurons are on the last axis of its output, and {0} ({1}) works on "
+              "dim 1, the same axis only when the output is 2-D, which the plan cannot know")
 _ADDS = {operator.add, operator.iadd, torch.add, operator.sub, torch.sub}
 
 
@@ -83,13 +88,23 @@ def plan_widening(model: nn.Module, pairs: Mapping[str, Any] | None = None, *,
         if entry.path in plan.layers and entry.path not in decided:
             plan.layers[entry.path] = entry
             decided.add(entry.path)
+    chained: set[str] = set()
     for entry in _sequential_chains(model):
         if entry.path in plan.layers and entry.path not in decided:
             plan.layers[entry.path] = entry
             decided.add(entry.path)
-    if trace and set(candidates) - decided:
-        for entry in _traced(model, set(candidates) - decided):
+            chained.add(entry.path)
+    if trace and set(candidates) - decided | chained:
+        graph = _trace(model)
+        for entry in _traced(model, set(candidates) - decided, graph):
             plan.layers[entry.path] = entry
+        if isinstance(graph, torch.fx.Graph):
+            # a forward may also run a Sequential's steps one by one and keep their outputs:
+            # where the model traces, the graph has the last word on a chain it would refuse
+            wanted = {p for p in chained if plan.layers[p].widenable}
+            for entry in _traced(model, wanted, graph):
+                if not entry.widenable:
+                    plan.layers[entry.path] = entry
     _refuse_shared(model, plan)
     return plan
 
@@ -102,25 +117,50 @@ def _module_at(model: nn.Module, path: str) -> Any:
 
 def _refuse_shared(model: nn.Module, plan: WideningPlan) -> None:
     """Refuse a widening that changes a module reachable at two paths of the model (one
-    object used twice): its other use would see the new neurons' columns or rows too."""
+    object used twice), a layer whose weight is tied to another module's, or a parametrized
+    layer (its weight is computed): the other use, the tie or the parametrization would not
+    follow the new neurons."""
     paths: dict[int, list[str]] = {}
+    owners: dict[int, list[str]] = {}
     for path, module in model.named_modules(remove_duplicate=False):
         paths.setdefault(id(module), []).append(path)
+        for name, param in module.named_parameters(recurse=False):
+            owners.setdefault(id(param), []).append(f"{path}.{name}" if path else name)
     for path, entry in plan.layers.items():
         if not entry.widenable:
             continue
         changed = [path, *entry.partners, *(p for p, _ in entry.consumers),
                    *(p for p, _ in entry.through)]
         for name in changed:
-            module = _module_at(model, name)
-            if not isinstance(module, nn.Module) or isinstance(module, ELEMENTWISE):
-                continue  # a function, or an activation whose blockwise form any input passes
-            others = [p for p in paths.get(id(module), []) if p != name]
-            if others:
-                plan.layers[path] = refuse(path, f"{name} is the same module as {others[0]} "
-                                                  "(used twice): its other use would change "
-                                                  "too", entry.found_by)
+            why = _shared_reason(_module_at(model, name), name, paths, owners)
+            if why:
+                plan.layers[path] = refuse(path, why, entry.found_by)
                 break
+
+
+def _shared_reason(module: Any, name: str, paths: Mapping[int, list[str]],
+                   owners: Mapping[int, list[str]]) -> str | None:
+    """Why widening through ``module`` (at ``name``) would break another use of it, or None."""
+    if not isinstance(module, nn.Module) or isinstance(module, WIDTH_EXACT):
+        return None  # a function, or an activation exact on any width (relu)
+    others = [p for p in paths.get(id(module), []) if p != name]
+    if others and isinstance(module, ELEMENTWISE):
+        return (f"{name} ({type(module).__name__}) is the same module as {others[0]}: a "
+                "widening applies it block by block to stay exact, which one module shared by "
+                "two uses cannot do; give each use its own module")
+    if others:
+        return f"{name} is the same module as {others[0]} (used twice): its other use would " \
+               "change too"
+    if parametrized(module):
+        return (f"{name}'s weight is computed by a parametrization (weight_norm, "
+                "spectral_norm, parametrize): it cannot gain rows or columns")
+    inside = name + "."
+    for param_path in (p for param in module.parameters()
+                       for p in owners.get(id(param), [])):
+        if not param_path.startswith(inside):
+            return (f"{name} shares a parameter with {param_path} (tied weights): a widening "
+                    "would untie them")
+    return None
 
 
 def _candidates(model: nn.Module) -> list[str]:
@@ -159,7 +199,8 @@ def _explicit(model: nn.Module, path: str, readers: Any) -> LayerPlan:
         readers = [readers]
     entry = LayerPlan(path, True, found_by="pairs")
     width, axis = width_of(producer, "out"), axis_of(producer)
-    targets = [item if isinstance(item, str) else item[0] for item in readers]
+    readers = [_reader(path, item) for item in readers]
+    targets = [target for target, _ in readers]
     if path in targets:
         raise PerforationError(f"pairs[{path!r}]: a layer cannot read its own outputs; list "
                                "the modules its outputs go to")
@@ -167,8 +208,7 @@ def _explicit(model: nn.Module, path: str, readers: Any) -> LayerPlan:
     if twice:
         raise PerforationError(f"pairs[{path!r}]: {twice[0]!r} is listed twice; list each "
                                "reader once")
-    for item in readers:
-        target, repeat = (item, 1) if isinstance(item, str) else (item[0], int(item[1]))
+    for target, repeat in readers:
         try:
             module = model.get_submodule(target)
         except AttributeError as exc:
@@ -197,6 +237,19 @@ def _explicit(model: nn.Module, path: str, readers: Any) -> LayerPlan:
     if not entry.consumers:
         return refuse(path, "pairs: no Linear/Conv consumer listed", "pairs")
     return entry
+
+
+def _reader(path: str, item: Any) -> tuple[str, int]:
+    """One reader of a ``pairs=`` entry as (path, repeat): a path, or (path, repeat) with a
+    whole repeat of at least 1."""
+    if isinstance(item, str):
+        return item, 1
+    if isinstance(item, Sequence) and len(item) == 2 and isinstance(item[0], str) \
+            and isinstance(item[1], int) and not isinstance(item[1], bool) and item[1] >= 1:
+        return item[0], item[1]
+    raise PerforationError(f"pairs[{path!r}]: {item!r} is not a reader; give a module path, "
+                           "or (path, repeat) with the whole number of positions a flatten "
+                           "gives each neuron")
 
 
 def _sequential_chains(model: nn.Module) -> list[LayerPlan]:
@@ -234,6 +287,8 @@ def _follow(pre: str, name: str, producer: nn.Module,
     flat = False
     for child_name, child in rest:
         cpath = pre + child_name
+        if axis == -1 and isinstance(child, (*POOLING, nn.Flatten)):
+            return refuse(path, _LAST_AXIS.format(cpath, type(child).__name__), by)
         if isinstance(child, (*ELEMENTWISE, *DROPOUT, *POOLING)):
             if not isinstance(child, nn.Identity):
                 entry.through.append((cpath, axis))
@@ -272,13 +327,20 @@ class _LeafTracer(torch.fx.Tracer):
             or is_hf_conv1d(m) or super().is_leaf_module(m, qualname)
 
 
-def _traced(model: nn.Module, wanted: set[str]) -> list[LayerPlan]:
-    """Follow each wanted producer's output through a torch.fx graph of the model."""
+def _trace(model: nn.Module) -> torch.fx.Graph | Exception:
+    """The model's torch.fx graph, or why it does not trace."""
     try:
-        graph = _LeafTracer().trace(model)
+        return _LeafTracer().trace(model)
     except Exception as exc:  # noqa: BLE001 - any trace failure means: fx cannot tell
+        return exc
+
+
+def _traced(model: nn.Module, wanted: set[str],
+            graph: torch.fx.Graph | Exception) -> list[LayerPlan]:
+    """Follow each wanted producer's output through the model's torch.fx ``graph``."""
+    if not isinstance(graph, torch.fx.Graph):
         reason = (f"not in an nn.Sequential chain or a known block, and torch.fx cannot trace "
-                  f"the model ({type(exc).__name__}); pass pairs=")
+                  f"the model ({type(graph).__name__}); pass pairs=")
         return [refuse(p, reason, "torch.fx") for p in sorted(wanted)]
     calls = Counter(str(node.target) for node in graph.nodes if node.op == "call_module")
     out, done = [], set()
@@ -293,13 +355,15 @@ def _traced(model: nn.Module, wanted: set[str]) -> list[LayerPlan]:
                                        "widened apart; pass pairs= if they can", "torch.fx"))
             continue
         entry = _follow_graph(model, node)
-        # a shared activation is fine: its blockwise form passes other calls' inputs through
+        # a shared relu is fine: a widening leaves it as it is
         shared = [p for p, _ in [*entry.consumers, *entry.through] if calls[p] > 1
-                  and not isinstance(_module_at(model, p), ELEMENTWISE)]
+                  and not isinstance(_module_at(model, p), WIDTH_EXACT)]
         if entry.widenable and shared:
+            fix = "; give each call its own module" if isinstance(
+                _module_at(model, shared[0]), ELEMENTWISE) else ""
             entry = refuse(target, f"its output goes to {shared[0]}, which is called "
                                     f"{calls[shared[0]]} times: its other calls' inputs would "
-                                    "not widen", "torch.fx")
+                                    f"not widen{fix}", "torch.fx")
         out.append(entry)
     return out
 
@@ -320,6 +384,8 @@ def _follow_graph(model: nn.Module, start: torch.fx.Node) -> LayerPlan:
         if node.op == "call_module":
             module = model.get_submodule(str(node.target))
             target = str(node.target)
+            if axis == -1 and isinstance(module, (*POOLING, nn.Flatten)):
+                return refuse(path, _LAST_AXIS.format(target, type(module).__name__), by)
             if is_producer(module):
                 have = width_of(module, "in")
                 if have % width or (not flat and have != width):
@@ -344,6 +410,10 @@ def _follow_graph(model: nn.Module, start: torch.fx.Node) -> LayerPlan:
         elif node.op == "call_function" and node.target in _ADDS:
             return refuse(path, f"its output is added to another tensor ({node.name}): a "
                                  "residual connection", by)
+        elif axis == -1 and node.op == "call_function" and (
+                node.target is torch.flatten or node.target in _POOL_FUNCTIONS):
+            return refuse(path, _LAST_AXIS.format(
+                node.name, getattr(node.target, "__name__", node.target)), by)
         elif node.op == "call_function" and node.target is torch.flatten and \
                 tuple(node.args[1:]) in ((1,), ()) and node.kwargs.get("start_dim", 1) == 1:
             nxt = [(user, True) for user in node.users]

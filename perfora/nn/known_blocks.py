@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from .block_check import checked_block
 from .blocks import is_hf_conv1d
 from .layers import DendriticLayer
 from .plan_types import ATTENTION_NAMES, RESIDUAL, LayerPlan, is_producer, refuse
@@ -34,31 +35,35 @@ def known_blocks(model: nn.Module) -> list[LayerPlan]:
                                "BERT block"))
         elif has("c_fc", "c_proj", "act") and is_hf_conv1d(
                 m.c_fc.source if isinstance(m.c_fc, DendriticLayer) else m.c_fc):
-            out.append(LayerPlan(pre + "c_fc", True, consumers=[(pre + "c_proj", 1)],
-                                 through=[(pre + "act", -1)], found_by="GPT-2 MLP"))
+            out.append(checked_block(m, pre, LayerPlan(
+                pre + "c_fc", True, consumers=[(pre + "c_proj", 1)],
+                through=[(pre + "act", -1)], found_by="GPT-2 MLP")))
             out.append(refuse(pre + "c_proj", RESIDUAL, "GPT-2 MLP"))
         elif type(m).__name__.endswith("DenseGatedActDense") and \
                 has("wi_0", "wi_1", "wo", "act"):  # T5 v1.1, mT5, UMT5: act(wi_0) * wi_1
             for name, other in (("wi_0", "wi_1"), ("wi_1", "wi_0")):
-                out.append(LayerPlan(pre + name, True, consumers=[(pre + "wo", 1)],
-                                     through=_present(m, pre, "act", "dropout"),
-                                     partners=[pre + other], found_by="T5 feed-forward"))
+                out.append(checked_block(m, pre, LayerPlan(
+                    pre + name, True, consumers=[(pre + "wo", 1)],
+                    through=_present(m, pre, "act", "dropout"), partners=[pre + other],
+                    found_by="T5 feed-forward")))
             out.append(refuse(pre + "wo", RESIDUAL, "T5 feed-forward"))
         elif type(m).__name__.endswith("DenseActDense") and has("wi", "wo", "act"):  # T5
-            out.append(LayerPlan(pre + "wi", True, consumers=[(pre + "wo", 1)],
-                                 through=_present(m, pre, "act", "dropout"),
-                                 found_by="T5 feed-forward"))
+            out.append(checked_block(m, pre, LayerPlan(
+                pre + "wi", True, consumers=[(pre + "wo", 1)],
+                through=_present(m, pre, "act", "dropout"), found_by="T5 feed-forward")))
             out.append(refuse(pre + "wo", RESIDUAL, "T5 feed-forward"))
         elif type(m).__name__.endswith("MLP") and has("fc1", "fc2", "activation_fn") \
                 and not has("gate_proj"):  # ViT (transformers 5), CLIP, SigLIP: fc1 -> act -> fc2
-            out.append(LayerPlan(pre + "fc1", True, consumers=[(pre + "fc2", 1)],
-                                 through=[(pre + "activation_fn", -1)], found_by="ViT/CLIP MLP"))
+            out.append(checked_block(m, pre, LayerPlan(
+                pre + "fc1", True, consumers=[(pre + "fc2", 1)],
+                through=[(pre + "activation_fn", -1)], found_by="ViT/CLIP MLP")))
             out.append(refuse(pre + "fc2", RESIDUAL, "ViT/CLIP MLP"))
         elif has("gate_proj", "up_proj", "down_proj", "act_fn"):
             for name, other in (("gate_proj", "up_proj"), ("up_proj", "gate_proj")):
-                out.append(LayerPlan(pre + name, True, consumers=[(pre + "down_proj", 1)],
-                                     through=[(pre + "act_fn", -1)], partners=[pre + other],
-                                     found_by="Llama MLP"))
+                out.append(checked_block(m, pre, LayerPlan(
+                    pre + name, True, consumers=[(pre + "down_proj", 1)],
+                    through=[(pre + "act_fn", -1)], partners=[pre + other],
+                    found_by="Llama MLP")))
             out.append(refuse(pre + "down_proj", RESIDUAL, "Llama MLP"))
         else:
             for name, child in m.named_children():

@@ -19,6 +19,7 @@ from torch import nn
 from ..errors import PerforationError
 from .blocks import BN_TYPES, BlockedBatchNorm, BlockedLayer, Blockwise, is_hf_conv1d
 from .layers import DendriticLayer
+from .plan_types import WIDTH_EXACT
 
 
 def narrow_widenings(root: nn.Module, path: str, keep: int) -> None:
@@ -168,6 +169,8 @@ def _shrink_through(root: nn.Module, path: str, k: int) -> None:
     if isinstance(target, BN_TYPES):
         _shrink_bn(target, k, path)
         return
+    if isinstance(target, WIDTH_EXACT):
+        return  # a widening left it as it was
     if not isinstance(target, Blockwise):
         raise PerforationError(f"{path}: expected the block-wise wrapper a widening left, "
                                f"found a {type(target).__name__}")

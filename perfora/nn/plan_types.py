@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from torch import nn
+from torch.nn.utils import parametrize
 
 from .blocks import CONV_TYPES, Blockwise, is_hf_conv1d
 from .layers import DendriticLayer
@@ -18,6 +19,9 @@ DROPOUT = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout
 POOLING = (nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d,
            nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool3d,
            nn.AdaptiveMaxPool1d, nn.AdaptiveMaxPool2d, nn.AdaptiveMaxPool3d)
+# computed element by element the same way whatever the tensor's width (measured: relu's
+# outputs never differ in the last bit, sigmoid's or silu's do): a widening leaves them alone
+WIDTH_EXACT = (nn.ReLU, nn.Hardtanh, nn.Identity)  # Hardtanh includes ReLU6
 JOINT_NORMS = (nn.LayerNorm, nn.GroupNorm, nn.RMSNorm, nn.LocalResponseNorm)
 ATTENTION_NAMES = {"q_proj", "k_proj", "v_proj", "o_proj", "out_proj", "query", "key",
                     "value", "c_attn", "qkv", "in_proj", "q", "k", "v"}
@@ -79,6 +83,16 @@ def is_producer(module: nn.Module) -> bool:
     if isinstance(module, CONV_TYPES):
         return module.groups == 1
     return isinstance(module, nn.Linear) or is_hf_conv1d(module)
+
+
+def parametrized(module: nn.Module) -> bool:
+    """True when a layer's weight is computed by a parametrization (``weight_norm``,
+    ``spectral_norm``, ``torch.nn.utils.parametrize``; old or new style)."""
+    core = module.source if isinstance(module, DendriticLayer) else module
+    if parametrize.is_parametrized(core):
+        return True
+    return any(type(hook).__name__ in ("WeightNorm", "SpectralNorm")
+               for hook in core._forward_pre_hooks.values())
 
 
 def width_of(module: nn.Module, side: str) -> int:

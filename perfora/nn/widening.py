@@ -33,6 +33,7 @@ from .blocks import BN_TYPES, CONV_TYPES, Blockwise, is_hf_conv1d, make_blocked
 from .consumers import LayerPlan, plan_widening
 from .layers import DendriticLayer, dendritic_layers, unwrap_model
 from .narrowing import narrow_widenings
+from .plan_types import WIDTH_EXACT
 
 
 def gradmax_init(x: torch.Tensor, g_y: torch.Tensor, k: int, scale: float) -> torch.Tensor:
@@ -305,8 +306,8 @@ def _widen_bn(bn: nn.Module, k: int) -> None:
 
 
 def _widen_through(root: nn.Module, path: str, axis: int, k: int, width: int) -> None:
-    """A module or function between producer and consumer: BatchNorm gains channels,
-    anything else is applied block by block."""
+    """A module or function between producer and consumer: BatchNorm gains channels, relu
+    (exact whatever the width) stays, anything else is applied block by block."""
     parent_path, _, attr = path.rpartition(".")
     parent = root.get_submodule(parent_path) if parent_path else root
     target = getattr(parent, attr)
@@ -316,6 +317,8 @@ def _widen_through(root: nn.Module, path: str, axis: int, k: int, width: int) ->
     if isinstance(target, Blockwise):
         target.out_blocks = [*target.out_blocks, k]
         return
+    if isinstance(target, WIDTH_EXACT):
+        return  # exact on any width: left as it is (and so free to be shared)
     raise_if_stateful(target, path)
     wrapped = Blockwise(target, axis, [width, k])
     if attr in parent._modules:
@@ -391,6 +394,7 @@ def adopt_saved_widths(module: nn.Module, state_dict: Mapping[str, torch.Tensor]
     load (which reports the mismatch)."""
     local = {key[len(prefix):]: value for key, value in state_dict.items()
              if key.startswith(prefix)}
+    applied: list[tuple[str, int]] = []  # (path, its widenings before): undone on failure
     for path, layer in dendritic_layers(module).items():  # forward order: readers follow
         core = layer.source
         key = next((f"{path}.{name}" for name, p in layer.named_parameters()
@@ -402,7 +406,20 @@ def adopt_saved_widths(module: nn.Module, state_dict: Mapping[str, torch.Tensor]
         now = core.weight.shape
         if saved.shape[od] > now[od] > 0 and all(
                 a == b for d, (a, b) in enumerate(zip(saved.shape, now)) if d != od):
-            widen(module, path, int(saved.shape[od]) - int(now[od]))
+            extra = int(saved.shape[od]) - int(now[od])
+            entry = plan_widening(module).layers.get(path)
+            if entry is None or not entry.widenable:
+                for done, keep in reversed(applied):
+                    narrow_widenings(module, done, keep)
+                raise PerforationError(
+                    f"load_state_dict: the state gives {prefix}{path} {saved.shape[od]} "
+                    f"neurons (the model has {now[od]}), and the model's readers of {path!r} "
+                    f"are not known ({entry.reason if entry else 'it cannot gain neurons'}). "
+                    "Load the run with perfora.load_model (it replays the widenings it "
+                    f"recorded), or widen the model first: perfora.widen(model, {path!r}, "
+                    f"{extra}, pairs=...)")
+            applied.append((path, len(getattr(layer, "widenings", None) or [])))
+            widen(module, entry, extra)
 
 
 def add_width_hook(module: nn.Module) -> None:

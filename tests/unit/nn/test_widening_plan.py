@@ -240,10 +240,12 @@ def test_a_module_called_twice_or_reachable_twice_is_not_widened():
     shared = nn.Linear(8, 8)
     seq = perfora.perforate(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), shared, nn.ReLU(), shared,
                                           nn.ReLU(), nn.Linear(8, 2)))
-    plan = perfora.plan_widening(seq)
-    assert "is the same module as" in plan.refused["0"]
-    with pytest.raises(perfora.PerforationError, match="used twice"):
+    plan = perfora.plan_widening(seq)  # the graph sees both calls of the shared layer
+    assert "goes to 2, which is called 2 times" in plan.refused["0"]
+    with pytest.raises(perfora.PerforationError, match="called 2 times"):
         perfora.widen(seq, "0", 2)
+    plan = perfora.plan_widening(seq, trace=False)  # without fx: the two paths of one module
+    assert "2 is the same module as 4 (used twice)" in plan.refused["0"]
 
 
 class _Bottleneck(nn.Module):
