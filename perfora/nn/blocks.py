@@ -90,6 +90,8 @@ class BlockedLayer:
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.blocked():
             return super().forward(x)  # type: ignore[misc]
+        if x.is_nested:
+            return per_component(self, x)
         return self.blocked_call(x, self.weight, self.bias)  # type: ignore[attr-defined]
 
     def blocks(self) -> tuple[list[int], list[int]]:
@@ -153,6 +155,12 @@ class BlockedBatchNorm:
         return torch.cat(outs, axis)
 
 
+def per_component(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``module`` applied to each tensor of a nested one (``nn.TransformerEncoder`` passes
+    padded batches on as nested tensors in inference), nested again."""
+    return torch.nested.nested_tensor([module(t) for t in x.unbind()])
+
+
 class Blockwise(nn.Module):
     """A stateless module or function applied to each block of ``axis`` apart."""
 
@@ -164,6 +172,8 @@ class Blockwise(nn.Module):
         self.out_blocks = list(blocks)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.is_nested:
+            return per_component(self, x)
         if x.shape[self.axis] != sum(self.out_blocks):
             return self.fn(x)  # another call of a shared activation (a ResNet block's relu)
         outs = [self.fn(x.narrow(self.axis, s, n).contiguous())

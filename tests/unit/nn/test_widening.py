@@ -80,6 +80,20 @@ def test_a_transformer_encoder_layer_widens_its_feed_forward_only(activation, tr
                            layer.eval()(torch.ones(2, 3, 16)))
 
 
+def test_an_encoder_passing_nested_tensors_on_runs_a_widened_later_layer_exactly():
+    # with a padding mask in inference, nn.TransformerEncoder hands its layers nested tensors
+    # (its first layer decides); a widened second layer failed on them ("doesn't support sizes")
+    torch.manual_seed(0)
+    encoder = nn.TransformerEncoder(nn.TransformerEncoderLayer(16, 2, 32, 0.0, batch_first=True),
+                                    2).eval()
+    x = torch.randn(3, 5, 16)
+    mask = torch.tensor([[False] * 5, [False] * 3 + [True] * 2, [False] * 4 + [True]])
+    with torch.no_grad():
+        before = encoder(x, src_key_padding_mask=mask)
+        perfora.widen(encoder, "layers.1.linear1", 8)
+        assert torch.equal(encoder(x, src_key_padding_mask=mask), before)
+
+
 def test_a_transformer_decoder_layer_widens_its_feed_forward():
     torch.manual_seed(0)
     layer = nn.TransformerDecoderLayer(8, 2, 12, dropout=0.0, batch_first=True)

@@ -190,6 +190,7 @@ def test_a_sequential_whose_steps_the_forward_also_reads_is_refused_where_fx_see
         _controller(model)
 
 
+@pytest.mark.filterwarnings("ignore:.*weight_norm. is deprecated:FutureWarning")
 @pytest.mark.parametrize("wrap", [
     parametrizations.weight_norm, parametrizations.spectral_norm,
     lambda m: torch.nn.utils.weight_norm(m),  # the old, hook-based form
