@@ -12,6 +12,7 @@ expected an int in 0..4096, got -1``. Only then are tensors read.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 from collections.abc import Callable, Mapping
@@ -400,9 +401,11 @@ def check_like(saved: Any, current: Any, where: str, strict_keys: bool = True) -
         return
     if isinstance(current, Mapping):
         saved = check_dict(saved, where)
+        as_text = {str(k): k for k in current}  # JSON wrote int keys as text
         for key, value in saved.items():
-            if key in current:
-                check_like(value, current[key], f"{where}.{key}")
+            if key in current or str(key) in as_text:
+                check_like(value, current[key if key in current else as_text[str(key)]],
+                           f"{where}.{key}")
             elif strict_keys:
                 raise fail(where, f"only the keys {sorted(map(str, current))[:12]}", key)
         return
@@ -411,13 +414,32 @@ def check_like(saved: Any, current: Any, where: str, strict_keys: bool = True) -
         return
     if want != got:
         raise fail(where, f"a {want}", saved)
-    if got == "number" and not math.isfinite(saved):
-        raise fail(where, "a finite number", saved)
+    if got == "number" and not math.isfinite(saved) and saved != current:
+        raise fail(where, "a finite number", saved)  # (ReduceLROnPlateau keeps an infinity)
     if got == "list" and len(current) and len(saved) != len(current):
         raise fail(where, f"a list of {len(current)}", saved)
     if got == "list":
         for i, (a, b) in enumerate(zip(saved, current, strict=False)):
             check_like(a, b, f"{where}[{i}]")
+
+
+def with_keys_of(saved: Any, current: Any) -> Any:
+    """``saved`` (a state read from JSON) with the keys and mapping types of ``current`` (a
+    fresh object's state): JSON turns int keys into text (``MultiStepLR``'s milestones, a
+    ``Counter``), and a scheduler loaded with text keys would never match its epoch."""
+    if not (isinstance(saved, Mapping) and isinstance(current, Mapping)):
+        return saved
+    as_text = {str(k): k for k in current}
+    items = {}
+    for key, value in saved.items():
+        own = key if key in current else as_text.get(str(key), key)
+        items[own] = with_keys_of(value, current.get(own))
+    if type(current) is dict:
+        return items
+    out = copy.copy(current)
+    out.clear()
+    out.update(items)
+    return out
 
 
 StateCheck = Callable[[Mapping[str, Any], Mapping[str, Any] | None], None]

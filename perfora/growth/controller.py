@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..checkpoint.schema import with_keys_of
 from ..config import PerforaConfig
 from ..distributed.collectives import is_distributed
 from ..distributed.exit_settle import settle_at_exit
@@ -354,7 +355,8 @@ class GrowthController(OnRequestMethods, OptimizerMethods, CheckpointMethods):
             self._rebuild_after_change()  # re-shard / re-wrap, rebuild the optimizer
             best = reader.load_rest(self._parts(), run)
             if self.scheduler is not None and run.scheduler is not None:
-                self.scheduler.load_state_dict(run.scheduler)
+                self.scheduler.load_state_dict(with_keys_of(run.scheduler,
+                                                            self.scheduler.state_dict()))
         self._best, self._writer.best_unsaved = best, False
         if self._writer.report is not None:
             self.state.history = self._writer.report.resume_history(

@@ -17,7 +17,7 @@ from torch import nn
 
 from ..checkpoint.model_state import rehearse_load, shadow_copy
 from ..checkpoint.optimizer_state import join_optimizer_state
-from ..checkpoint.schema import check_like, validate_structure
+from ..checkpoint.schema import check_like, validate_structure, with_keys_of
 from ..config import PerforaConfig
 from ..errors import CheckpointError, ConversionError
 from ..nn.layers import dendritic_layers
@@ -172,7 +172,7 @@ def _rehearse_optimizer(shadow: nn.Module, run: SavedRun, config: PerforaConfig,
         return
     try:
         check_like(run.scheduler, sched.state_dict(), "scheduler")
-        sched.load_state_dict(copy.deepcopy(run.scheduler))
+        sched.load_state_dict(with_keys_of(copy.deepcopy(run.scheduler), sched.state_dict()))
         if can_step:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")

@@ -1,0 +1,59 @@
+"""A run resumes with its scheduler: ReduceLROnPlateau (it keeps an infinity in its state)
+and MultiStepLR (its milestones have int keys, which JSON writes as text) were refused as
+"not the scheduler registered now", and text keys would silently stop the decay."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch.optim import lr_scheduler
+
+import perfora
+
+X = torch.randn(64, 8, generator=torch.Generator().manual_seed(0))
+Y = torch.arange(64) % 2
+SCORES = [0.50, 0.51, 0.52, 0.52, 0.52, 0.52, 0.52, 0.53, 0.53, 0.53]
+
+
+def _build() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 12), nn.ReLU(), nn.Linear(12, 2))
+
+
+def _train(ctl: perfora.GrowthController, until: int) -> list[float]:
+    rates = []
+    model, opt = ctl.model, ctl.optimizer
+    while ctl.epoch < until:
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(X), Y).backward()
+        opt.step()
+        decision = ctl.step(SCORES[ctl.epoch])
+        model, opt = decision.model, decision.optimizer
+        rates.append(opt.param_groups[0]["lr"])
+    return rates
+
+
+@pytest.mark.parametrize(("scheduler", "args"), [
+    (lr_scheduler.ReduceLROnPlateau, {"mode": "max", "patience": 1, "factor": 0.5}),
+    (lr_scheduler.MultiStepLR, {"milestones": [4, 6], "gamma": 0.1}),
+])
+def test_a_resumed_run_follows_the_same_learning_rates(tmp_path, scheduler, args):
+    def start(run_dir):
+        ctl = perfora.GrowthController(perfora.perforate(_build()), run_dir=run_dir,
+                                       maximize=True, n_epochs_to_switch=50,
+                                       checkpoint_time_budget=None)
+        ctl.set_optimizer(torch.optim.SGD, lr=0.1)
+        ctl.set_scheduler(scheduler, **args)
+        ctl.build_optimizer()
+        return ctl
+
+    whole = _train(start(tmp_path / "whole"), len(SCORES))
+    first = _train(start(tmp_path / "cut"), 3)
+    resumed = perfora.resume(_build(), tmp_path / "cut" / "latest.safetensors",
+                             optimizer=torch.optim.SGD, optimizer_args={"lr": 0.1},
+                             scheduler=scheduler, scheduler_args=args)
+    assert resumed.epoch == 3
+    rest = _train(resumed, len(SCORES))
+    assert first + rest == whole
+    assert whole[-1] < whole[0]  # the rate did decay
