@@ -291,8 +291,10 @@ class GrowthController(OnRequestMethods, OptimizerMethods, CheckpointMethods):
         if verdict.rewind:
             self._rewind_to_best()
         added = self._grow(kind, kept=True) if verdict.grow else ""
-        if verdict.action == Action.COMPLETE:
-            self._sync_structure()  # the rewind may have replaced parameters: fresh wrapper
+        if verdict.action == Action.COMPLETE and verdict.rewind:
+            self._rebuild_after_change()  # as restore_best(): the optimizer over the best model
+        elif verdict.action == Action.COMPLETE:
+            self._sync_structure()
         reason = verdict.describe(self.state.num_dendrites, self.state.num_widenings) + (
             f" ({added})" if added else "")
         if verdict.action == Action.CONTINUE:

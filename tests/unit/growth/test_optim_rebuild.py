@@ -325,3 +325,21 @@ def test_short_training_run_grows_and_trains_new_dendrites():
     assert {layer.num_dendrites for layer in dendritic_layers(model).values()} == {2}
     assert losses[-1] < 0.5 * losses[0]
     assert ctl.best_score < losses[1]
+
+
+@pytest.mark.parametrize("growth", ["dendrites", "neurons"])
+def test_at_completion_the_optimizer_holds_the_restored_best_models_parameters(growth):
+    # completion rewinds to the best (narrower) model; its decision used to hand back the
+    # optimizer over the discarded parameters, so training on would train almost nothing
+    ctl = controller(growth=growth, n_epochs_to_switch=1, max_dendrites=1, max_neuron_steps=1)
+    ctl.set_optimizer(torch.optim.Adam, lr=0.01)
+    ctl.build_optimizer()
+    for score in (0.6, 0.5, 0.5, 0.5):  # the best at epoch 1, a step at 2, complete after
+        decision = ctl.step(score)
+        if decision.complete:
+            break
+    assert decision.complete and decision.model[0].num_dendrites == 0
+    assert decision.model[0].num_neurons == 8
+    trainable = [id(p) for p in decision.model.parameters() if p.requires_grad]
+    assert opt_param_ids(decision.optimizer) == trainable
+    assert decision.optimizer is ctl.optimizer
