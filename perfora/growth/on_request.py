@@ -37,10 +37,11 @@ class OnRequestMethods:
     _rebuild_after_change: Callable[[], None]
 
     def add_dendrites(self) -> Decision:
-        """Add one dendrite set now (without waiting for a plateau); rebuilds the optimizer."""
+        """Add one dendrite set now (without waiting for a plateau), whatever ``growth``
+        says; rebuilds the optimizer."""
         if self.state.completed:
             raise OrderError("add_dendrites() after training completed")
-        added = self._grow()
+        added = self._grow("dendrites")
         self._writer.write_switch(self._parts(), self.checkpoint_path)
         return self._decision(Action.RESTRUCTURE, "added on request"
                               + (f" ({added})" if added else ""))
