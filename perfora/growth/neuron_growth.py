@@ -178,15 +178,15 @@ def _width(module: nn.Module, side: str) -> int:
 def arm_widening_signal(signal: WideningSignal | None, model: nn.Module, may_grow: bool,
                         structure: nn.Module | None = None,
                         pairs: Mapping[str, Any] | None = None) -> None:
-    """Record the widening signal only in an epoch that a growth step may follow. The hooks
+    """Record the widening signal only in an epoch that a growth step may follow, and only that
+    epoch's (what an epoch that grew nothing recorded is dropped). The hooks
     go on ``model``; the layers to record are planned on ``structure`` (a sharded model's
     unsharded copy, whose shapes its slices hide; default: ``model``) with the user's
     ``pairs``."""
     if signal is None:
         return
     signal.disarm()  # the layers may be new objects after a restructure
+    signal.clear()  # only the epoch before a step counts (as a resumed run would see it)
     if may_grow:
         signal.arm(unwrap_model(model), widening_targets(
             structure if structure is not None else model, pairs))
-    else:
-        signal.clear()

@@ -142,16 +142,18 @@ class RunWriter:
         """After a growth on request: switch_N and latest, as at a plateau's growth, so a run
         killed before its next report resumes grown (gathered first when sharded; a DCP
         folder written by every rank)."""
-        names = [paths(f"switch_{len(parts.state.switch_epochs)}"), paths("latest")]
+        def names() -> list[Path]:
+            return [paths(f"switch_{len(parts.state.switch_epochs)}"), paths("latest")]
+
         checkpointer = self.checkpointer(parts.backend)
         if checkpointer.collective:
             if self.saves_checkpoints:
-                checkpointer.write(saved_run(parts, checkpointer.capture(parts)), names)
+                checkpointer.write(saved_run(parts, checkpointer.capture(parts)), names())
             return
         gathered = self.gather(parts, checkpointer, True)
         if self.writes:
             captured = gathered or checkpointer.capture(parts)
-            checkpointer.write(saved_run(parts, captured), names)
+            checkpointer.write(saved_run(parts, captured), names())
 
     def finish(self, parts: RunParts, paths: CheckpointPaths) -> None:
         """latest and the summaries now (also written at restructures and the end)."""

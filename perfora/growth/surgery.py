@@ -154,14 +154,15 @@ def plan_layer_growth(config: PerforaConfig, additions: int, probe: ErrorSignalP
 
 def arm_probe(probe: ErrorSignalProbe | None, model: nn.Module, state: ControllerState,
               config: PerforaConfig, rule: LearningRule) -> None:
-    """Record the error signal only in an epoch that a growth step may follow."""
+    """Record the error signal only in an epoch that a growth step may follow, and only that
+    epoch's: what an epoch that grew nothing recorded is dropped (a checkpoint does not keep
+    it, so a resumed run would not have it)."""
     if probe is None:
         return
     probe.disarm()  # the layers may be new objects (FSDP2 re-shards a copy)
+    probe.clear()
     if growth_may_come_next(state, config, rule.phase == rule.neuron_phase):
         probe.arm(dendritic_layers(model))
-    else:
-        probe.clear()
 
 
 def match_structure(model: nn.Module, backend: ParallelBackend, state: ControllerState,
