@@ -321,6 +321,7 @@ def _widen_through(root: nn.Module, path: str, axis: int, k: int, width: int) ->
         return  # exact on any width: left as it is (and so free to be shared)
     raise_if_stateful(target, path)
     wrapped = Blockwise(target, axis, [width, k])
+    wrapped.train(target.training if isinstance(target, nn.Module) else parent.training)
     if attr in parent._modules:
         parent._modules[attr] = wrapped  # in place: a Sequential keeps its order
     else:

@@ -64,6 +64,15 @@ def test_a_cnn_with_batchnorm_pool_and_flatten_computes_the_same_bits(train):
     assert torch.equal(after[9].weight[:, 24:], torch.zeros(5, 8))
 
 
+@pytest.mark.parametrize("mode", [False, True])
+def test_the_wrappers_a_widening_adds_take_the_mode_of_what_they_wrap(mode):
+    model = nn.Sequential(nn.Linear(8, 12), nn.Tanh(), nn.Dropout(0.5), nn.Linear(12, 2))
+    model.train(mode)
+    perfora.widen(model, "0", 4)
+    assert type(model[1]).__name__ == "Blockwise"
+    assert {m.training for m in model.modules()} == {mode}
+
+
 @pytest.mark.parametrize("activation", ["relu", "gelu"])
 @pytest.mark.parametrize("train", [False, True])
 def test_a_transformer_encoder_layer_widens_its_feed_forward_only(activation, train):
