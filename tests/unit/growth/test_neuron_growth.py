@@ -391,3 +391,18 @@ def test_the_optimizer_you_register_after_a_neuron_step_gets_the_moments():
     new = fresh.state[model[0].base.weight]["exp_avg"]
     assert torch.equal(new[:4], old) and not new[4:].any()
     assert not ctl.carry_optimizer_state(torch.optim.Adam(model.parameters()))  # only once
+
+
+def test_a_layer_whose_reader_is_frozen_is_not_grown_and_the_reason_says_so():
+    # its new neurons' outgoing weights would be frozen zeros: parameters that never train
+    torch.manual_seed(0)
+    model = perfora.perforate(nn.Sequential(nn.Linear(8, 12), nn.ReLU(), nn.Linear(12, 6),
+                                            nn.Tanh(), nn.Linear(6, 2)))
+    model[2].requires_grad_(False)
+    ctl = _controller(model, growth="neurons")
+    assert ctl.add_neurons().reason == "added on request (2: +6 random)"
+    assert model[0].num_neurons == 12
+    lone = perfora.perforate(nn.Sequential(nn.Linear(8, 12), nn.ReLU(), nn.Linear(12, 2)))
+    lone[2].requires_grad_(False)
+    with pytest.raises(PerforationError, match=r"0: its reader 2 is frozen \(requires_grad"):
+        _controller(lone, growth="neurons")
