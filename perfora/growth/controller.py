@@ -290,6 +290,8 @@ class GrowthController(OnRequestMethods, OptimizerMethods, CheckpointMethods):
             self._slot.keep_for_widening(self.model, self.backend)
         if verdict.rewind:
             self._rewind_to_best()
+            if kind == "neurons":
+                self._slot.narrow_kept(self.model, self.backend)
         added = self._grow(kind, kept=True) if verdict.grow else ""
         if verdict.action == Action.COMPLETE and verdict.rewind:
             self._rebuild_after_change()  # as restore_best(): the optimizer over the best model

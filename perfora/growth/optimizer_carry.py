@@ -17,6 +17,7 @@ same through the backend's reads and writes of the engine's partitions.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,6 +58,31 @@ def capture(optimizer: torch.optim.Optimizer | None, scheduler: Any,
                 states[name] = dict(optimizer.state[p])
                 shapes[name] = p.shape
     return CarriedOptimizer(states, shapes, _group_lrs(optimizer), _scheduler_state(scheduler))
+
+
+def narrowed(carried: CarriedOptimizer | None, shapes: Mapping[str, torch.Size]
+             ) -> CarriedOptimizer | None:
+    """The kept state cut back to ``shapes`` (the parameters' after a rewind to a narrower
+    best model): each moment keeps its leading slices (a widening appends its block last), so
+    neurons grown there again start at zero, not with the undone step's moments. A state that
+    cannot be cut (dendrite banks, whose rows interleave) is dropped."""
+    if carried is None:
+        return None
+    states, kept_shapes = {}, {}
+    for name, state in carried.states.items():
+        old, want = carried.shapes[name], shapes.get(name)
+        if want is None or len(want) != len(old) or any(w > o for w, o in zip(want, old)) \
+                or (want != old and name.rsplit(".", 1)[-1] in _INTERLEAVED):
+            continue
+        cut = {}
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape == old:
+                for dim, size in enumerate(want):
+                    value = value.narrow(dim, 0, size)
+                value = value.clone()
+            cut[key] = value
+        states[name], kept_shapes[name] = cut, want
+    return CarriedOptimizer(states, kept_shapes, carried.group_lrs, carried.scheduler)
 
 
 def _grown(value: torch.Tensor, old: torch.Size, param: torch.Tensor) -> torch.Tensor | None:

@@ -25,6 +25,7 @@ from .optimizer_carry import (
     carry_engine_into,
     carry_into,
     carry_whole_into,
+    narrowed,
 )
 
 
@@ -114,6 +115,15 @@ class OptimizerSlot:
             self.pending_carry = capture_whole(self.optimizer, self.scheduler, model, backend)
         else:
             self.pending_carry = capture(self.optimizer, self.scheduler, model)
+
+    def narrow_kept(self, model: nn.Module, backend: ParallelBackend) -> None:
+        """After the rewind that precedes a neuron step: cut what was kept back to the best
+        model's shapes (a retried step's new neurons start at zero, not with the moments of
+        the step it replaces). Sharded and engine states are kept as they are."""
+        if backend.sharded or backend.owns_optimizer or backend.flat_shards:
+            return
+        shapes = {name: p.shape for name, p in unwrap_model(model).named_parameters()}
+        self.pending_carry = narrowed(self.pending_carry, shapes)
 
     def carry_after_widening(self, model: nn.Module, backend: ParallelBackend) -> None:
         """After a neuron step: the rebuilt optimizer takes what was kept; an optimizer

@@ -406,3 +406,22 @@ def test_a_layer_whose_reader_is_frozen_is_not_grown_and_the_reason_says_so():
     lone[2].requires_grad_(False)
     with pytest.raises(PerforationError, match=r"0: its reader 2 is frozen \(requires_grad"):
         _controller(lone, growth="neurons")
+
+
+def test_a_retried_neuron_step_starts_its_new_neurons_moments_at_zero():
+    # the retry regrows the same shapes on the best model: the undone neurons' Adam moments
+    # used to be copied into the fresh ones
+    torch.manual_seed(0)
+    model = perfora.perforate(nn.Sequential(nn.Linear(6, 12), nn.ReLU(), nn.Linear(12, 3)))
+    ctl = _controller(model, switch_mode="patience", n_epochs_to_switch=1, max_neuron_steps=1,
+                      retain_all_dendrites=False, max_dendrite_tries=2, neuron_init="random")
+    opt = ctl.optimizer
+    for score in (0.5, 0.4, 0.45, 0.3):  # a step at epoch 2 fails by epoch 4: undone, retried
+        _epoch(model, opt)
+        decision = ctl.step(score)
+        model, opt = decision.model, decision.optimizer
+    assert decision.reason.startswith("neuron step did not beat the best score; retry 1")
+    state = opt.state[model[0].source.weight]
+    assert model[0].num_neurons == 24
+    assert state["exp_avg"][12:].abs().sum() == 0 and state["exp_avg_sq"][12:].sum() == 0
+    assert state["exp_avg"][:12].abs().sum() > 0  # the old neurons keep theirs
