@@ -201,6 +201,7 @@ class GrowthController(OnRequestMethods, OptimizerMethods, CheckpointMethods):
         if kind == "neurons":
             if not kept:
                 self._slot.keep_for_widening(self.model, self.backend)
+            before = {id(p) for p in self.model.parameters()}
             model, step = self.backend.widen(self.model, lambda structure, scope: grow_neurons(
                 structure, self.config, self.state, self._signal, scope))
             added = step.describe()
@@ -210,7 +211,7 @@ class GrowthController(OnRequestMethods, OptimizerMethods, CheckpointMethods):
             self.rule.apply(self._layers())
             self._rebuild_after_change()
             self._slot.carry_after_widening(self.model, self.backend)
-            self._usage.after_restructure(self._layers())
+            self._usage.after_restructure(self._layers(), kept=before)
             make_room_for_recompiles(self.state.additions + 1)
             return added
         self._swap(surgery.grow(self.model, self.backend, self.config, self.state,

@@ -5,7 +5,8 @@ Three mistakes leave a run training on without its dendrites, silently:
 * a wrapped layer is never called, because its parent reads its ``weight`` directly (a
   fused attention kernel does) or the layer is unused: dendrites there cannot act;
 * ``step()`` is called with no optimizer registered, so nothing rebuilds it after growth;
-* the optimizer in use after a restructure is the old one: the new dendrites never change.
+* the optimizer in use after a restructure is the old one: the new dendrites (or the widened
+  layers' weights) never change.
 
 :class:`UsageWatch` checks each of them once, cheaply, and warns with the fix.
 """
@@ -13,6 +14,7 @@ Three mistakes leave a run training on without its dendrites, silently:
 from __future__ import annotations
 
 from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 
 import torch
 
@@ -94,16 +96,20 @@ class UsageWatch:
                    "set_optimizer_instance again (or use set_optimizer(cls, **kwargs) and let "
                    "perfora rebuild it)")
 
-    def after_restructure(self, layers: Mapping[str, DendriticLayer]) -> None:
-        """Sample the trainable dendrite parameters now and watch the next epoch."""
+    def after_restructure(self, layers: Mapping[str, DendriticLayer],
+                          kept: AbstractSet[int] | None = None) -> None:
+        """Sample the trainable dendrite parameters now and watch the next epoch. ``kept``:
+        after a neuron step, the ids of the parameters from before it; every wrapped layer's
+        parameter not among them (a widened weight is a new tensor) is sampled instead."""
         self.watch_calls(layers)
         self._fresh = []
         for path, layer in layers.items():
-            for group in _DENDRITE_GROUPS:
-                for p in layer.group_parameters(group):
-                    if p.requires_grad and type(p.data) is torch.Tensor:
-                        sample = p.detach().reshape(-1)[:_SAMPLE]
-                        self._fresh.append((path, p, sample.clone()))
+            params = [p for p in layer.parameters() if id(p) not in kept] if kept is not None \
+                else [p for group in _DENDRITE_GROUPS for p in layer.group_parameters(group)]
+            for p in params:
+                if p.requires_grad and type(p.data) is torch.Tensor:
+                    sample = p.detach().reshape(-1)[:_SAMPLE]
+                    self._fresh.append((path, p, sample.clone()))
 
     def _check_new_dendrites_trained(self) -> None:
         """Warn when not one sampled dendrite parameter changed since the restructure."""
@@ -113,10 +119,10 @@ class UsageWatch:
         unchanged = all(torch.equal(p.detach().reshape(-1)[:_SAMPLE], before)
                         for _, p, before in fresh)
         if unchanged:
-            self._warn("stale-optimizer", "the dendrites added at the last restructure did "
-                       "not change during the epoch since: the optimizer that trained the "
-                       "model does not hold them. After every decision with "
-                       "restructured=True, train with decision.optimizer (and "
+            self._warn("stale-optimizer", "the dendrites added (or the layers widened) at "
+                       "the last restructure did not change during the epoch since: the "
+                       "optimizer that trained the model does not hold them. After every "
+                       "decision with restructured=True, train with decision.optimizer (and "
                        "decision.model); with set_optimizer_instance, build a new optimizer "
                        "over model.parameters() and register it again")
 

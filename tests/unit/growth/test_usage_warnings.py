@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import warnings
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -48,18 +49,30 @@ def test_step_with_no_optimizer_registered_warns_once_at_the_step_call():
     assert _recorded(lambda: ctl.step(1.0)) == []  # once
 
 
-def test_training_on_with_the_stale_optimizer_after_growth_warns():
+@pytest.mark.parametrize("grow", ["add_dendrites", "add_neurons"])
+def test_training_on_with_the_stale_optimizer_after_growth_warns(grow):
+    # after a neuron step the stale optimizer trains only what the widening did not replace
+    # (the last layer's bias): as silent as stale dendrites, and worse
     model, ctl, optimizer = _setup()
     _train(model, optimizer)
     ctl.step(1.0)
-    decision = ctl.add_dendrites()
+    decision = getattr(ctl, grow)()
     assert decision.optimizer is not optimizer
-    _train(model, optimizer)  # the old optimizer: it does not hold the new dendrites
+    _train(model, optimizer)  # the old optimizer: it does not hold the new parameters
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         ctl.step(1.0)
     stale = [w for w in caught if "did not change during the epoch since" in str(w.message)]
     assert len(stale) == 1 and stale[0].filename == __file__
+
+
+def test_training_with_the_optimizer_a_neuron_step_rebuilt_gives_no_warning():
+    model, ctl, optimizer = _setup()
+    _train(model, optimizer)
+    ctl.step(1.0)
+    decision = ctl.add_neurons()
+    _train(decision.model, decision.optimizer)
+    assert _recorded(lambda: ctl.step(1.0)) == []
 
 
 def _loop_with_your_own_optimizer(reregister: bool, epochs: int = 14) -> tuple[int, list]:
