@@ -373,6 +373,15 @@ def read_dcp(path: str | os.PathLike) -> tuple[dict[str, Any], Shapes, Any]:
         raise CheckpointError(f"no DCP checkpoint at {path}")
     file = path / META_FILE
     if not os.path.lexists(file):
+        runs = sorted(p.name for p in path.glob("*.safetensors")) + \
+            sorted(p.name for p in path.glob("*.dcp"))
+        if runs or (path / "metrics.csv").exists():
+            example = "latest.safetensors" if "latest.safetensors" in runs or not runs \
+                else runs[0]
+            raise CheckpointError(f"{path} is a run folder, not one checkpoint: pass one of its "
+                                  f"checkpoints ({', '.join(runs[:4]) or 'none yet'}), e.g. "
+                                  f"{path / example}, or controller.load('latest') with "
+                                  "run_dir set to it")
         raise CheckpointError(f"{path} is incomplete: no {META_FILE}; a write was "
                               "interrupted, load the previous checkpoint")
     raw = read_regular_file(file, MAX_META_BYTES, "perfora state")

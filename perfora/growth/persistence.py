@@ -21,6 +21,7 @@ from ..checkpoint.dcp import DCP_SUFFIX, newest_checkpoint
 from ..checkpoint.format import Checkpoint
 from ..config import PerforaConfig
 from ..distributed.collectives import barrier
+from ..errors import OrderError
 from ..parallel import ParallelBackend, backend_of
 from ..rules import LearningRule
 from .checkpointer import checkpointer_for
@@ -74,15 +75,23 @@ class CheckpointMethods:
         file, parts = FileCheckpointer(), self._parts()
         return file.encode(saved_run(parts, file.capture(parts), model_from_best))
 
-    def save(self, path: str | Path) -> None:
-        """Write a checkpoint atomically (safetensors + JSON, or a DCP folder; never pickle).
+    def save(self, path: str | Path = "latest") -> Path:
+        """Write a checkpoint atomically (safetensors + JSON, or a DCP folder; never pickle);
+        returns where.
 
-        A ``.dcp`` name writes a DCP folder (every rank its own shards; a collective), a
-        ``.safetensors`` name one file, any other name what ``checkpoint_format`` says.
-        Distributed, call it on every rank: for a file under FSDP the full model and
-        optimizer state is gathered, rank 0 writes."""
+        A bare name (``"latest"``, the default, ``"final"``) is written in ``run_dir``, as
+        :meth:`load` looks it up; a ``.dcp`` name writes a DCP folder (every rank its own
+        shards; a collective), a ``.safetensors`` name one file, any other path what
+        ``checkpoint_format`` says. Distributed, call it on every rank: for a file under FSDP
+        the full model and optimizer state is gathered, rank 0 writes."""
+        if _bare_name(path):
+            if self.run_dir is None:
+                raise OrderError(f"save({str(path)!r}): no run_dir to write it in; give "
+                                 "GrowthController(..., run_dir=...) or a full path")
+            path = self.checkpoint_path(str(path))
         checkpointer_for(path, self.config.checkpoint_format, self.backend).save(
             self._parts(), path)
+        return Path(path)
 
     def load(self, path_or_name: str | Path) -> Decision:
         """Resume from a checkpoint: structure, weights, controller, rule, optimizer state.
@@ -97,7 +106,10 @@ class CheckpointMethods:
         files, structure and shapes are checked first; the optimizer state as it loads).
         """
         path = Path(path_or_name)
-        if not path.suffix and self.run_dir is not None and not path.exists():
+        if _bare_name(path_or_name) and not path.exists():
+            if self.run_dir is None:
+                raise OrderError(f"load({str(path_or_name)!r}): no run_dir to look it up in; "
+                                 "give GrowthController(..., run_dir=...) or a full path")
             path = self.find_checkpoint(str(path_or_name))
         barrier()  # rank 0 may still be writing the file the other ranks read
         reader = checkpointer_for(path)
@@ -153,3 +165,9 @@ class CheckpointMethods:
             ctl.set_scheduler(scheduler, **(scheduler_args or {}))
         ctl._restore(run, reader, rehearsed)
         return ctl
+
+
+def _bare_name(path: str | Path) -> bool:
+    """A checkpoint name (``latest``, ``switch_3``): no folder, no suffix."""
+    text = str(path)
+    return bool(text) and "/" not in text and "\\" not in text and not Path(text).suffix

@@ -23,6 +23,7 @@ from ..checkpoint.format import to_storable
 from ..config import PerforaConfig
 from ..distributed.collectives import is_rank_zero, rank_zero_decides
 from ..parallel.base import ParallelBackend
+from ..warn import warn_user
 from .checkpointer import checkpointer_for, warn_single_process
 from .file_checkpointer import FILE_SUFFIX
 from .report import RunReport
@@ -46,6 +47,9 @@ class RunWriter:
         self._last_write = time.perf_counter()
         self._write_cost = 0.0
         self._warned_format = False
+        # another run's checkpoints here: this run overwrites them (warned at its first report)
+        self._earlier = sorted(p.name for pattern in (f"*{FILE_SUFFIX}", f"*{DCP_SUFFIX}")
+                               for p in self.run_dir.glob(pattern)) if self.writes else []
         self.report = RunReport(self.run_dir) if self.writes else None
         if self.report is not None:
             self.report.write_run_json({"perfora_version": __version__,
@@ -123,6 +127,14 @@ class RunWriter:
     def end_epoch(self, parts: RunParts, paths: CheckpointPaths, action: str,
                   improved_best: bool) -> None:
         """After one report: metrics, checkpoints when due, summaries after a decision."""
+        if self._earlier:
+            if parts.state.epoch == 1:  # a new run, not a resumed one
+                warn_user(f"run_dir {self.run_dir} already holds another run's checkpoints "
+                          f"({', '.join(self._earlier[:4])}): this run overwrites its latest, "
+                          "best and metrics.csv, and its other files stay beside them. Give "
+                          "each run its own run_dir, or resume that run: "
+                          "controller.load('latest')")
+            self._earlier = []
         checkpointer = self.checkpointer(parts.backend)
         collective = checkpointer.collective
         due = self.due(action, parts.state.epoch, parts.backend.sharded or collective,
