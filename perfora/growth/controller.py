@@ -38,7 +38,7 @@ from .saved_run import Checkpointer, RunParts, SavedRun
 from .scores import read_scores, update_arch
 from .signal import ErrorSignalProbe
 from .state import Action, BestSnapshot, ControllerState, Decision
-from .usage import UsageWatch
+from .usage import DIRECTION_EPOCHS, UsageWatch
 from .widening_signal import WideningSignal
 
 
@@ -258,6 +258,9 @@ class GrowthController(OnRequestMethods, OptimizerMethods, CheckpointMethods):
         self._slot.pending_carry = None  # a neuron step's moments wait one epoch at most
         self._usage.end_epoch(self._slot.expected, self._slot.awaiting_instance)
         value, test, extras = read_scores(score, test_score, extra, weight)
+        if self.state.epoch + 1 == DIRECTION_EPOCHS:
+            self._usage.check_direction([*(row["val_score"] for row in self.state.history),
+                                         value], self.config.maximize)
         now = time.perf_counter()
         seconds, self._last_time = now - self._last_time, now
         st = self.state

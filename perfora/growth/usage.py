@@ -1,6 +1,7 @@
 """Warnings about training mistakes perfora can see but not fix.
 
-Three mistakes leave a run training on without its dendrites, silently:
+Three mistakes leave a run training on without its dendrites, silently (and a fourth, a loss
+reported as a score to maximize, keeps the first epoch's model as the best):
 
 * a wrapped layer is never called, because its parent reads its ``weight`` directly (a
   fused attention kernel does) or the layer is unused: dendrites there cannot act;
@@ -21,6 +22,7 @@ import torch
 from ..nn.layers import DendriticLayer
 from ..warn import warn_user
 
+DIRECTION_EPOCHS = 4  # reports that all move the wrong way before the direction is questioned
 _SAMPLE = 1024  # elements compared per parameter: enough to see any optimizer step
 _DENDRITE_GROUPS = ("bank", "cascade", "out", "candidate")
 
@@ -125,6 +127,23 @@ class UsageWatch:
                        "decision with restructured=True, train with decision.optimizer (and "
                        "decision.model); with set_optimizer_instance, build a new optimizer "
                        "over model.parameters() and register it again")
+
+    # -------------------------------------------------------------- the score's direction
+    def check_direction(self, scores: list[float], maximize: bool) -> None:
+        """Warn once when the first reports all move the way the setting calls worse (a loss
+        reported with the default ``maximize=True``): the best model stays the first one."""
+        if len(scores) < DIRECTION_EPOCHS:
+            return
+        first = scores[:DIRECTION_EPOCHS]
+        pairs = list(zip(first, first[1:], strict=False))
+        worse = all(b < a for a, b in pairs) if maximize else all(b > a for a, b in pairs)
+        if worse:
+            kind, fix = ("fell", "it is a loss (lower is better), set maximize=False") \
+                if maximize else ("rose", "higher is better, set maximize=True")
+            self._warn("direction", f"the scores {kind} at each of the first "
+                       f"{DIRECTION_EPOCHS} reports ({', '.join(f'{v:.4g}' for v in first)}) "
+                       f"while maximize={maximize}: to perfora every epoch was worse, so the "
+                       f"best model is still the first. If {fix}")
 
     def _warn(self, key: str, message: str) -> None:
         """Warn once per kind, at the user's call (their ``step()``), not at perfora's line."""

@@ -131,3 +131,31 @@ def test_no_warning_when_the_model_did_not_train_in_the_epoch():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         ctl.step(1.0)  # scores reported without a training pass: nothing to judge
+
+
+def _direction_warnings(maximize: bool, scores: list[float]) -> list[str]:
+    torch.manual_seed(0)
+    model = perfora.perforate(nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2)))
+    ctl = perfora.GrowthController(model, maximize=maximize, write_files=False)
+    ctl.set_optimizer(torch.optim.SGD, lr=0.1)
+    ctl.build_optimizer()
+    caught = [w for score in scores for w in _recorded(lambda s=score: ctl.step(s))]
+    return [str(w.message) for w in caught if "at each of the first 4" in str(w.message)]
+
+
+@pytest.mark.parametrize(("maximize", "scores", "fix"), [
+    (True, [0.68, 0.66, 0.60, 0.55, 0.50], "set maximize=False"),
+    (False, [0.50, 0.61, 0.70, 0.74, 0.80], "set maximize=True"),
+])
+def test_scores_that_all_get_worse_at_first_question_the_direction_once(maximize, scores, fix):
+    # a loss reported with the default maximize=True: every epoch is "worse", and the run
+    # would end on its first model without a word
+    direction = _direction_warnings(maximize, scores)
+    assert len(direction) == 1 and fix in direction[0]
+
+
+@pytest.mark.parametrize(("maximize", "scores"), [
+    (True, [0.5, 0.6, 0.7, 0.8]), (False, [0.7, 0.6, 0.5, 0.4]), (True, [0.7, 0.6, 0.65, 0.5]),
+])
+def test_scores_that_move_the_right_way_or_mixed_give_no_direction_warning(maximize, scores):
+    assert _direction_warnings(maximize, scores) == []
