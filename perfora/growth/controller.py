@@ -19,8 +19,9 @@ from torch import nn
 
 from ..checkpoint.schema import with_keys_of
 from ..config import PerforaConfig
-from ..distributed.collectives import is_distributed
+from ..distributed.collectives import is_distributed, world_size
 from ..distributed.exit_settle import settle_at_exit
+from ..distributed.replica_check import drifted_parameters
 from ..errors import OrderError, PerforationError
 from ..nn.layers import dendritic_layers
 from ..parallel import ParallelBackend, backend_of
@@ -255,6 +256,8 @@ class GrowthController(OnRequestMethods, OptimizerMethods, CheckpointMethods):
             raise OrderError("step() after training completed: the controller already "
                              "restored the best model; stop the loop when decision.complete")
         self._adopt(model)
+        if world_size() > 1 and not (self.backend.sharded or self.backend.owns_optimizer):
+            self._usage.check_replicas(drifted_parameters(self.model))
         self._slot.pending_carry = None  # a neuron step's moments wait one epoch at most
         self._usage.end_epoch(self._slot.expected, self._slot.awaiting_instance)
         value, test, extras = read_scores(score, test_score, extra, weight)

@@ -128,6 +128,20 @@ class UsageWatch:
                        "decision.model); with set_optimizer_instance, build a new optimizer "
                        "over model.parameters() and register it again")
 
+    # -------------------------------------------------------------- replicas
+    def check_replicas(self, drifted: list[str]) -> None:
+        """Warn once when replicated ranks hold different weights after an epoch."""
+        if drifted:
+            names = ", ".join(drifted[:3])
+            self._warn("replicas", f"the ranks' weights differ after this epoch ({names}): "
+                       "the replicas trained apart. The model trained is "
+                       "probably a wrapper the controller does not know, made for the "
+                       "parameters before a growth: pass it at every report, "
+                       "controller.step(score, model=ddp_model) (the controller then rebuilds "
+                       "it after each growth), or wrap the model again after every "
+                       "decision.restructured (Accelerate: prepare_after_growth, Fabric: "
+                       "setup_after_growth)")
+
     # -------------------------------------------------------------- the score's direction
     def check_direction(self, scores: list[float], maximize: bool) -> None:
         """Warn once when the first reports all move the way the setting calls worse (a loss
