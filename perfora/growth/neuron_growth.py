@@ -56,16 +56,21 @@ def widening_targets(model: nn.Module, pairs: Mapping[str, Any] | None = None
     for path in dendritic_layers(inner):
         entry = plan.layers.get(path)
         if entry is not None and entry.widenable and path not in partners \
-                and frozen_reader(inner, entry) is None:
+                and frozen_reason(inner, entry) is None:
             targets[path] = entry  # Llama's gate and up widen together, once
             partners.update(entry.partners)
     return targets
 
 
-def frozen_reader(model: nn.Module, entry: LayerPlan) -> str | None:
-    """Why a widenable layer is not grown by the controller: a reader with no trainable
-    weight (``requires_grad=False``) keeps the new neurons' outgoing weights at zero, so they
+def frozen_reason(model: nn.Module, entry: LayerPlan) -> str | None:
+    """Why a widenable layer is not grown by the controller: it is frozen (a frozen layer
+    keeps its width, as its weights), or a reader with no trainable weight
+    (``requires_grad=False``) would keep the new neurons' outgoing weights at zero, so they
     could never change the output; else None."""
+    for path in [entry.path, *entry.partners]:
+        weights = [p for p in model.get_submodule(path).parameters() if p.dim() > 1]
+        if weights and not any(p.requires_grad for p in weights):
+            return "it is frozen (requires_grad=False): a frozen layer keeps its width"
     for path, _ in entry.consumers:
         weights = [p for p in model.get_submodule(path).parameters() if p.dim() > 1]
         if weights and not any(p.requires_grad for p in weights):
@@ -97,7 +102,7 @@ def check_neuron_growth(model: nn.Module, backend: ParallelBackend, config: Perf
     if growth == "auto":
         return False
     plan: WideningPlan = plan_widening(inner, pairs=config.neuron_pairs)
-    reasons = [f"{p}: {plan.layers[p].reason or frozen_reader(inner, plan.layers[p])}"
+    reasons = [f"{p}: {plan.layers[p].reason or frozen_reason(inner, plan.layers[p])}"
                for p in dendritic_layers(inner) if p in plan.layers]
     raise PerforationError("growth='neurons': no wrapped layer can gain neurons ("
                            + ("; ".join(reasons) or "no Linear/Conv layer is wrapped")

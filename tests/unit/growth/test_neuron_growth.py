@@ -393,18 +393,25 @@ def test_the_optimizer_you_register_after_a_neuron_step_gets_the_moments():
     assert not ctl.carry_optimizer_state(torch.optim.Adam(model.parameters()))  # only once
 
 
-def test_a_layer_whose_reader_is_frozen_is_not_grown_and_the_reason_says_so():
-    # its new neurons' outgoing weights would be frozen zeros: parameters that never train
+def test_a_frozen_layer_or_one_whose_reader_is_frozen_is_not_grown_and_the_reason_says_so():
+    # a frozen reader would hold the new neurons' outgoing weights at zero for good; a frozen
+    # layer is one the user keeps as it is (and widening it breaks the adapter file)
     torch.manual_seed(0)
     model = perfora.perforate(nn.Sequential(nn.Linear(8, 12), nn.ReLU(), nn.Linear(12, 6),
-                                            nn.Tanh(), nn.Linear(6, 2)))
+                                            nn.Tanh(), nn.Linear(6, 6), nn.ReLU(),
+                                            nn.Linear(6, 2)))
     model[2].requires_grad_(False)
     ctl = _controller(model, growth="neurons")
-    assert ctl.add_neurons().reason == "added on request (2: +6 random)"
-    assert model[0].num_neurons == 12
+    assert ctl.add_neurons().reason == "added on request (4: +6 random)"
+    assert (model[0].num_neurons, model[2].num_neurons) == (12, 6)
     lone = perfora.perforate(nn.Sequential(nn.Linear(8, 12), nn.ReLU(), nn.Linear(12, 2)))
+    lone[0].requires_grad_(False)
+    with pytest.raises(PerforationError, match=r"0: it is frozen \(requires_grad=False\): a "
+                                               r"frozen layer keeps its width"):
+        _controller(lone, growth="neurons")
+    lone[0].requires_grad_(True)
     lone[2].requires_grad_(False)
-    with pytest.raises(PerforationError, match=r"0: its reader 2 is frozen \(requires_grad"):
+    with pytest.raises(PerforationError, match=r"0: its reader 2 is frozen"):
         _controller(lone, growth="neurons")
 
 
