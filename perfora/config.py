@@ -350,9 +350,21 @@ ALIASES = {"patience": "n_epochs_to_switch", "max_tries": "max_dendrite_tries",
            "retain": "retain_all_dendrites"}
 """Names users reach for that mean a setting of another name."""
 
+HINTS = {
+    "mode": "for a loss (lower is better) give maximize=False; for an accuracy maximize=True "
+            "(the default)",
+    "lr": "the optimizer's arguments go to controller.set_optimizer(torch.optim.Adam, lr=...) "
+          "(perfora.resume: optimizer_args={'lr': ...})",
+}
+HINTS["learning_rate"] = HINTS["lr"]
+HINTS["monitor"] = "the controller takes the score itself: controller.step(val_score)"
+"""Names from other libraries that mean no setting here, with what to do instead."""
+
 
 def unknown_name_message(name: str, known: Sequence[str], what: str) -> str:
     """'unknown setting X; did you mean Y?' with the closest match."""
+    if str(name) in HINTS and what == "setting":
+        return f"unknown {what} {name!r}: {HINTS[str(name)]}"
     alias = ALIASES.get(str(name))
     close = alias if alias in known else nearest_name(name, known)
     hint = f"; did you mean {close!r}?" if close else f"; known: {', '.join(sorted(known))}"

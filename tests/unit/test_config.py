@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from torch import nn
@@ -139,3 +140,14 @@ def test_the_growth_callbacks_take_a_mapping_of_settings_too():
         lightning.DendriteGrowth(config={"grwoth": "dendrites"})
     with pytest.raises(ConfigError, match="got str"):
         lightning.DendriteGrowth(config="growth=dendrites")
+
+
+@pytest.mark.parametrize(("name", "hint"), [
+    ("mode", "for a loss (lower is better) give maximize=False"),
+    ("lr", "controller.set_optimizer(torch.optim.Adam, lr=...)"),
+    ("learning_rate", "optimizer_args={'lr': ...}"),
+])
+def test_names_from_other_libraries_say_what_to_do_here(name, hint):
+    # 'mode' used to suggest switch_mode (unrelated), 'lr' listed 35 setting names
+    with pytest.raises(ConfigError, match=re.escape(hint)):
+        PerforaConfig(**{name: 1})
