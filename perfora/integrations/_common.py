@@ -54,6 +54,10 @@ class GrowthCallback:
                      perforate_kwargs: Mapping[str, Any] | None,
                      settings: Mapping[str, Any]) -> None:
         """Keep what every growth callback is given; the controller comes later."""
+        for setting, own in (("n_epochs_to_switch", "patience"), ("maximize", "mode")):
+            if setting in settings:  # one would silently win over the other
+                raise ConfigError(f"{self.callback_name}({setting}=...): this callback takes "
+                                  f"{own}= for it (as EarlyStopping does); give {own}= only")
         self.module_path = module
         self.perforate_kwargs = dict(perforate_kwargs or {})
         self._base_config = PerforaConfig.coerce(config) if config is not None else \

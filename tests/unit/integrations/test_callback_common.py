@@ -82,8 +82,12 @@ def test_the_target_is_perforated_once_with_the_configured_activation():
 def test_settings_are_checked_and_a_bad_mode_is_refused():
     with pytest.raises(ConfigError, match="max_dendrites"):
         Callback(max_dendrites=-1).growth_config("min")  # a setting overrides the argument
-    with pytest.raises(ConfigError, match="n_epochs_to_switch"):
-        Callback(n_epochs_to_switch=0).growth_config("min")
+    # patience= and mode= are the callback's names: given both ways, one silently won
+    with pytest.raises(ConfigError, match=r"\(n_epochs_to_switch=\.\.\.\): this callback "
+                                          r"takes patience= for it"):
+        Callback(n_epochs_to_switch=5)
+    with pytest.raises(ConfigError, match=r"\(maximize=\.\.\.\): this callback takes mode="):
+        Callback(maximize=True)
     with pytest.raises(ConfigError, match="mode must be 'min' or 'max', got 'maximum'"):
         check_mode("maximum")
     check_mode("min")
