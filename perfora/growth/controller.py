@@ -19,9 +19,8 @@ from torch import nn
 
 from ..checkpoint.schema import with_keys_of
 from ..config import PerforaConfig
-from ..distributed.collectives import is_distributed, world_size
+from ..distributed.collectives import is_distributed
 from ..distributed.exit_settle import settle_at_exit
-from ..distributed.replica_check import drifted_parameters
 from ..errors import OrderError, PerforationError
 from ..nn.layers import dendritic_layers
 from ..parallel import ParallelBackend, backend_of
@@ -39,7 +38,7 @@ from .saved_run import Checkpointer, RunParts, SavedRun
 from .scores import read_scores, update_arch
 from .signal import ErrorSignalProbe
 from .state import Action, BestSnapshot, ControllerState, Decision
-from .usage import DIRECTION_EPOCHS, UsageWatch
+from .usage import UsageWatch
 from .widening_signal import WideningSignal
 
 
@@ -256,14 +255,11 @@ class GrowthController(OnRequestMethods, OptimizerMethods, CheckpointMethods):
             raise OrderError("step() after training completed: the controller already "
                              "restored the best model; stop the loop when decision.complete")
         self._adopt(model)
-        if world_size() > 1 and not (self.backend.sharded or self.backend.owns_optimizer):
-            self._usage.check_replicas(drifted_parameters(self.model))
         self._slot.pending_carry = None  # a neuron step's moments wait one epoch at most
         self._usage.end_epoch(self._slot.expected, self._slot.awaiting_instance)
         value, test, extras = read_scores(score, test_score, extra, weight)
-        if self.state.epoch + 1 == DIRECTION_EPOCHS:
-            self._usage.check_direction([*(row["val_score"] for row in self.state.history),
-                                         value], self.config.maximize)
+        self._usage.check_report(self.model, self.backend, self.state.history, value,
+                                 self.config.maximize)
         now = time.perf_counter()
         seconds, self._last_time = now - self._last_time, now
         st = self.state

@@ -127,8 +127,8 @@ def _row_scale(layer: nn.Module) -> float:
 
 
 def reduce_signal(signal: WideningSignal | None, model: nn.Module,
-                  targets: dict[str, LayerPlan]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """Per target layer with a recorded signal: ``(E[g x^T], E[x x^T])`` over all ranks (a
+                  targets: dict[str, LayerPlan]) -> dict[str, torch.Tensor]:
+    """Per target layer with a recorded signal: ``E[g x^T]`` over all ranks (a
     collective under torch.distributed; every rank calls it with the same targets)."""
     if signal is None:
         return {}
@@ -161,8 +161,8 @@ def widen_layers(model: nn.Module, config: PerforaConfig, state: ControllerState
             gen = torch.Generator().manual_seed(seed)
             init, how = None, "random"
             if config.neuron_init == "gradmax" and path in sums \
-                    and bool(sums[path][0].abs().sum() > 0):
-                init = gradmax_rows(sums[path][0], k, _row_scale(layer), gen)
+                    and bool(sums[path].abs().sum() > 0):
+                init = gradmax_rows(sums[path], k, _row_scale(layer), gen)
                 how = "gradmax"
             widen(root, targets[path], k, init=init, generator=gen)
         step.added[path] = (k, how)

@@ -16,10 +16,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
+from typing import Any
 
 import torch
+from torch import nn
 
+from ..distributed.collectives import world_size
+from ..distributed.replica_check import drifted_parameters
 from ..nn.layers import DendriticLayer
+from ..parallel.base import ParallelBackend
 from ..warn import warn_user
 
 DIRECTION_EPOCHS = 4  # reports that all move the wrong way before the direction is questioned
@@ -128,7 +133,16 @@ class UsageWatch:
                        "decision.model); with set_optimizer_instance, build a new optimizer "
                        "over model.parameters() and register it again")
 
-    # -------------------------------------------------------------- replicas
+    # -------------------------------------------------------------- at each report
+    def check_report(self, model: nn.Module, backend: ParallelBackend,
+                     history: list[dict[str, Any]], score: float, maximize: bool) -> None:
+        """Before a report is taken: replicated ranks still alike (a collective under
+        torch.distributed), and, at the 4th report, the scores' direction."""
+        if world_size() > 1 and not (backend.sharded or backend.owns_optimizer):
+            self.check_replicas(drifted_parameters(model))
+        if len(history) + 1 == DIRECTION_EPOCHS:
+            self.check_direction([*(row["val_score"] for row in history), score], maximize)
+
     def check_replicas(self, drifted: list[str]) -> None:
         """Warn once when replicated ranks hold different weights after an epoch."""
         if drifted:

@@ -1,5 +1,4 @@
-"""The error signal neuron growth reads: per widenable layer, ``M = E[g_C^T x_P]`` (and
-``E[x_P^T x_P]``, to score new neurons against dendrites with ``growth='auto'``).
+"""The error signal neuron growth reads: per widenable layer, ``M = E[g_C^T x_P]``.
 
 GradMax picks the incoming weights of new neurons from the cross-covariance between the
 producer's input ``x_P`` and the loss gradient at its consumer's output ``g_C`` (see
@@ -102,8 +101,7 @@ class WideningSignal:
                 g = grad.detach().reshape(-1, grad.shape[-1])
                 if g.shape[0] != x.shape[0]:
                     return
-                xf = x.float()
-                product = torch.cat([g.float().T @ xf, xf.T @ xf])  # [out + in, in]
+                product = g.float().T @ x.float()  # [out, in]
                 total = self._sums.get(path)
                 self._sums[path] = product if total is None else total + product
                 self._rows[path] = self._rows.get(path, 0) + int(g.shape[0])
@@ -111,11 +109,10 @@ class WideningSignal:
             output.register_hook(on_grad)
         return add
 
-    def reduced(self, shapes: Mapping[str, tuple[int, int]]
-                ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    def reduced(self, shapes: Mapping[str, tuple[int, int]]) -> dict[str, torch.Tensor]:
         """Per layer path (every one of ``shapes``, (out, in), in sorted order on every rank):
-        ``(E[g x^T], E[x x^T])`` over every rank's recorded rows, float64 on the CPU; layers
-        no rank recorded are left out. A collective under torch.distributed."""
+        ``E[g x^T]`` over every rank's recorded rows, float64 on the CPU; layers no rank
+        recorded are left out. A collective under torch.distributed."""
         paths = sorted(shapes)
         if not paths:
             return {}
@@ -123,9 +120,9 @@ class WideningSignal:
         for path in paths:
             out, inp = shapes[path]
             total = self._sums.get(path)
-            ok = total is not None and tuple(total.shape) == (out + inp, inp)
+            ok = total is not None and tuple(total.shape) == (out, inp)
             parts.append(total.double().cpu().reshape(-1) if ok
-                         else torch.zeros((out + inp) * inp, dtype=torch.float64))
+                         else torch.zeros(out * inp, dtype=torch.float64))
             counts.append(float(self._rows.get(path, 0)) if ok else 0.0)
         flat = all_reduce_values(torch.cat([torch.tensor(counts, dtype=torch.float64),
                                             *parts]))
@@ -133,9 +130,8 @@ class WideningSignal:
         result, offset = {}, 0
         for path, count in zip(paths, counts_all.tolist(), strict=True):
             out, inp = shapes[path]
-            block = sums[offset:offset + (out + inp) * inp].reshape(out + inp, inp)
-            offset += (out + inp) * inp
+            block = sums[offset:offset + out * inp].reshape(out, inp)
+            offset += out * inp
             if count > 0:
-                block = block / count
-                result[path] = (block[:out], block[out:])
+                result[path] = block / count
         return result
