@@ -16,17 +16,26 @@ from ..nn.layers import unwrap_model
 from .collectives import all_reduce_values
 
 _SAMPLE = 256  # elements summed per parameter: enough to see two ranks train apart
+_BUCKETS = 64  # parameter i is summed into bucket i % 64: one fixed-size all-reduce
 
 
 def drifted_parameters(model: nn.Module) -> list[str]:
     """Names of the parameters whose values differ between ranks (a collective: every rank
-    calls it); the same list on every rank."""
+    calls it), the same on every rank; empty where the ranks' parameter counts differ (the
+    structure check at the next restructure names that)."""
     named = [(name, p) for name, p in unwrap_model(model).named_parameters()
              if type(p.data) is torch.Tensor and p.numel()]
-    if not named:
+    per = [p.detach().reshape(-1)[:_SAMPLE].double().sum() for _, p in named]
+    devices = {t.device for t in per}
+    per_cpu = torch.stack(per).cpu() if len(devices) == 1 else torch.stack(
+        [t.cpu() for t in per]) if per else torch.zeros(0, dtype=torch.float64)
+    sums = torch.zeros(1 + _BUCKETS, dtype=torch.float64)
+    sums[0] = len(named)
+    for i, value in enumerate(per_cpu.tolist()):
+        sums[1 + i % _BUCKETS] += value
+    both = all_reduce_values(torch.cat([sums, -sums]), "max")
+    highest, lowest = both[:1 + _BUCKETS], -both[1 + _BUCKETS:]
+    if highest[0] != lowest[0]:
         return []
-    sums = torch.stack([p.detach().reshape(-1)[:_SAMPLE].double().sum() for _, p in named])
-    both = all_reduce_values(torch.cat([sums, -sums]).cpu(), "max")
-    highest, lowest = both[:len(named)], -both[len(named):]
-    return [name for (name, _), differ in zip(named, (highest != lowest).tolist(),
-                                              strict=True) if differ]
+    differ = (highest[1:] != lowest[1:]).tolist()
+    return [name for i, (name, _) in enumerate(named) if differ[i % _BUCKETS]]
