@@ -350,14 +350,15 @@ ALIASES = {"patience": "n_epochs_to_switch", "max_tries": "max_dendrite_tries",
            "retain": "retain_all_dendrites"}
 """Names users reach for that mean a setting of another name."""
 
+_OPTIMIZER_HINT = ("the optimizer's arguments go to controller.set_optimizer(torch.optim.Adam, "
+                   "lr=...) (perfora.resume: optimizer_args={'lr': ...})")
 HINTS = {
     "mode": "for a loss (lower is better) give maximize=False; for an accuracy maximize=True "
             "(the default)",
-    "lr": "the optimizer's arguments go to controller.set_optimizer(torch.optim.Adam, lr=...) "
-          "(perfora.resume: optimizer_args={'lr': ...})",
+    "lr": _OPTIMIZER_HINT,
+    "learning_rate": _OPTIMIZER_HINT,
+    "monitor": "the controller takes the score itself: controller.step(val_score)",
 }
-HINTS["learning_rate"] = HINTS["lr"]
-HINTS["monitor"] = "the controller takes the score itself: controller.step(val_score)"
 """Names from other libraries that mean no setting here, with what to do instead."""
 
 

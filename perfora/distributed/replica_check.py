@@ -25,14 +25,10 @@ def drifted_parameters(model: nn.Module) -> list[str]:
     structure check at the next restructure names that)."""
     named = [(name, p) for name, p in unwrap_model(model).named_parameters()
              if type(p.data) is torch.Tensor and p.numel()]
-    per = [p.detach().reshape(-1)[:_SAMPLE].double().sum() for _, p in named]
-    devices = {t.device for t in per}
-    per_cpu = torch.stack(per).cpu() if len(devices) == 1 else torch.stack(
-        [t.cpu() for t in per]) if per else torch.zeros(0, dtype=torch.float64)
     sums = torch.zeros(1 + _BUCKETS, dtype=torch.float64)
     sums[0] = len(named)
-    for i, value in enumerate(per_cpu.tolist()):
-        sums[1 + i % _BUCKETS] += value
+    for i, (_, p) in enumerate(named):
+        sums[1 + i % _BUCKETS] += p.detach().reshape(-1)[:_SAMPLE].double().sum().cpu()
     both = all_reduce_values(torch.cat([sums, -sums]), "max")
     highest, lowest = both[:1 + _BUCKETS], -both[1 + _BUCKETS:]
     if highest[0] != lowest[0]:

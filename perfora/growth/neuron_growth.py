@@ -67,16 +67,19 @@ def frozen_reason(model: nn.Module, entry: LayerPlan) -> str | None:
     keeps its width, as its weights), or a reader with no trainable weight
     (``requires_grad=False``) would keep the new neurons' outgoing weights at zero, so they
     could never change the output; else None."""
-    for path in [entry.path, *entry.partners]:
-        weights = [p for p in model.get_submodule(path).parameters() if p.dim() > 1]
-        if weights and not any(p.requires_grad for p in weights):
-            return "it is frozen (requires_grad=False): a frozen layer keeps its width"
+    if any(_frozen(model.get_submodule(p)) for p in [entry.path, *entry.partners]):
+        return "it is frozen (requires_grad=False): a frozen layer keeps its width"
     for path, _ in entry.consumers:
-        weights = [p for p in model.get_submodule(path).parameters() if p.dim() > 1]
-        if weights and not any(p.requires_grad for p in weights):
+        if _frozen(model.get_submodule(path)):
             return (f"its reader {path} is frozen (requires_grad=False): the new neurons' "
                     "outgoing weights would stay zero")
     return None
+
+
+def _frozen(module: nn.Module) -> bool:
+    """True when the module has weights (matrices, kernels) and none of them trains."""
+    weights = [p for p in module.parameters() if p.dim() > 1]
+    return bool(weights) and not any(p.requires_grad for p in weights)
 
 
 def check_neuron_growth(model: nn.Module, backend: ParallelBackend, config: PerforaConfig

@@ -21,7 +21,6 @@ from ..checkpoint.dcp import DCP_SUFFIX, newest_checkpoint
 from ..checkpoint.format import Checkpoint
 from ..config import PerforaConfig
 from ..distributed.collectives import barrier
-from ..errors import OrderError
 from ..parallel import ParallelBackend, backend_of
 from ..rules import LearningRule
 from .checkpointer import checkpointer_for
@@ -85,10 +84,7 @@ class CheckpointMethods:
         ``checkpoint_format`` says. Distributed, call it on every rank: for a file under FSDP
         the full model and optimizer state is gathered, rank 0 writes."""
         if _bare_name(path):
-            if self.run_dir is None:
-                raise OrderError(f"save({str(path)!r}): no run_dir to write it in; give "
-                                 "GrowthController(..., run_dir=...) or a full path")
-            path = self.checkpoint_path(str(path))
+            path = self.checkpoint_path(str(path))  # OrderError without a run_dir
         checkpointer_for(path, self.config.checkpoint_format, self.backend).save(
             self._parts(), path)
         return Path(path)
@@ -107,10 +103,7 @@ class CheckpointMethods:
         """
         path = Path(path_or_name)
         if _bare_name(path_or_name) and not path.exists():
-            if self.run_dir is None:
-                raise OrderError(f"load({str(path_or_name)!r}): no run_dir to look it up in; "
-                                 "give GrowthController(..., run_dir=...) or a full path")
-            path = self.find_checkpoint(str(path_or_name))
+            path = self.find_checkpoint(str(path_or_name))  # OrderError without a run_dir
         barrier()  # rank 0 may still be writing the file the other ranks read
         reader = checkpointer_for(path)
         self._restore(reader.read(path), reader)

@@ -146,6 +146,7 @@ def test_the_growth_callbacks_take_a_mapping_of_settings_too():
     ("mode", "for a loss (lower is better) give maximize=False"),
     ("lr", "controller.set_optimizer(torch.optim.Adam, lr=...)"),
     ("learning_rate", "optimizer_args={'lr': ...}"),
+    ("monitor", "controller.step(val_score)"),
 ])
 def test_names_from_other_libraries_say_what_to_do_here(name, hint):
     # 'mode' used to suggest switch_mode (unrelated), 'lr' listed 35 setting names

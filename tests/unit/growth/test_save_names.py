@@ -37,8 +37,8 @@ def test_save_writes_bare_names_in_the_run_folder_where_load_finds_them(tmp_path
 
 @pytest.mark.parametrize("call", ["save", "load"])
 def test_a_bare_name_without_a_run_folder_says_what_to_give(call):
-    with pytest.raises(perfora.OrderError, match=r"no run_dir .* give GrowthController\(\.\.\., "
-                                                 r"run_dir=\.\.\.\) or a full path"):
+    with pytest.raises(perfora.OrderError, match=r"no run_dir: give GrowthController\(\.\.\., "
+                                                 r"run_dir=\.\.\.\) or pass a full path"):
         getattr(_controller(), call)("latest")
 
 
