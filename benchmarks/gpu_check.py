@@ -396,6 +396,231 @@ def error_growth() -> dict:
     return res
 
 
+def _epoch(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor,
+           y: torch.Tensor, steps: int = 4) -> None:
+    """``steps`` Adam steps on 64-row slices of (x, y), then eval mode."""
+    model.train()
+    for i in range(steps):
+        rows = slice(64 * i, 64 * (i + 1))
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x[rows]), y[rows]).backward()
+        opt.step()
+    model.eval()
+
+
+def _exact_change(model: nn.Module, x: torch.Tensor, change) -> tuple:
+    """Run ``change()`` (a restructure returning a Decision); whether the output of ``x``
+    stayed bit-identical, and the decision."""
+    with torch.no_grad():
+        before = model(x)
+    decision = change()
+    with torch.no_grad():
+        after = decision.model(x)
+    return bool(torch.equal(after, before)), decision
+
+
+def _neuron_nets(dev: torch.device) -> dict:
+    """Two nets to widen on CUDA, each with its inputs and labels."""
+    gen = torch.Generator(device=dev).manual_seed(0)
+    mlp = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 48), nn.Tanh(),
+                        nn.Linear(48, 10))
+    cnn = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
+                        nn.Conv2d(16, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                        nn.Flatten(), nn.Linear(16 * 4 * 4, 10))
+    return {"mlp": (mlp, torch.randn(256, 32, device=dev, generator=gen)),
+            "cnn_bn": (cnn, torch.randn(256, 3, 8, 8, device=dev, generator=gen))}
+
+
+def neuron_growth() -> dict:
+    """Neuron growth on CUDA: GradMax rows from the error recorded on the GPU, widenings
+    exact (an MLP, a CNN with BatchNorm, then mixed with dendrites), bf16 autocast after
+    them; under DDP and FSDP2 over NCCL (world size 1) with a save/load round trip; and the
+    time one widening of a 2048-wide pair takes against one training step."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    dev = torch.device("cuda", 0)
+    torch.cuda.set_device(0)
+    res: dict = {}
+    for name, (net, x) in _neuron_nets(dev).items():
+        torch.manual_seed(0)
+        y = torch.randint(0, 10, (x.shape[0],), device=dev)
+        model = perfora.perforate(net).to(dev)
+        ctl = perfora.GrowthController(model, growth="neurons", switch_mode="every_epoch",
+                                       max_neuron_steps=2, neuron_init="gradmax",
+                                       write_files=False)
+        ctl.set_optimizer(torch.optim.Adam, lr=1e-3)
+        opt, _ = ctl.build_optimizer()
+        exact, reasons = [], []
+        for score in (0.5, 0.6):  # each a new best: both widenings kept
+            _epoch(model, opt, x, y)
+            same, decision = _exact_change(model, x[:64], lambda s=score, c=ctl: c.step(s))
+            exact.append(same)
+            reasons.append(decision.reason)
+            model, opt = decision.model, decision.optimizer
+        same, decision = _exact_change(model, x[:64], ctl.add_dendrites)  # dendrites on top
+        exact.append(same)
+        model, opt = decision.model, decision.optimizer
+        _epoch(model, opt, x, y)
+        same, decision = _exact_change(model, x[:64], ctl.add_neurons)  # widen dendritic layers
+        exact.append(same)
+        reasons.append(decision.reason)
+        model, opt = decision.model, decision.optimizer
+        _epoch(model, opt, x, y)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = model(x[:64])
+        nn.functional.cross_entropy(out.float(), y[:64]).backward()
+        res[name] = {"exact": exact, "reasons": reasons,
+                     "widths": {p: layer.num_neurons
+                                for p, layer in perfora.dendritic_layers(model).items()},
+                     "dendrites": ctl.num_dendrites,
+                     "on_cuda": all(p.is_cuda for p in model.parameters()),
+                     "bf16_autocast_dtype": str(out.dtype),
+                     "bf16_grads_finite": all(torch.isfinite(p.grad).all().item()
+                                              for p in model.parameters()
+                                              if p.grad is not None)}
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ["MASTER_PORT"] = "29535"
+    dist.init_process_group("nccl", rank=0, world_size=1)
+    tmp = Path(os.environ.get("PERFORA_GPU_TMP", "/tmp"))
+    try:
+        for kind in ("ddp", "fsdp2"):
+            mlp, x = _neuron_nets(dev)["mlp"]
+
+            def fresh(kind: str = kind) -> nn.Module:
+                torch.manual_seed(0)
+                base = perfora.perforate(_neuron_nets(dev)["mlp"][0]).to(dev)
+                if kind == "fsdp2":
+                    return perfora.shard_fsdp2(base, mesh=init_device_mesh("cuda", (1,)))
+                return perfora.wrap_ddp(base, device_ids=[0])
+
+            y = torch.randint(0, 10, (x.shape[0],), device=dev)
+            model = fresh()
+            ctl = perfora.GrowthController(model, growth="neurons", switch_mode="every_epoch",
+                                           max_neuron_steps=2, neuron_init="gradmax",
+                                           write_files=False)
+            ctl.set_optimizer(torch.optim.Adam, lr=1e-3)
+            opt, _ = ctl.build_optimizer()
+            exact, reasons = [], []
+            for score in (0.5, 0.6):
+                _epoch(model, opt, x, y)
+                same, decision = _exact_change(model, x[:64], lambda s=score, c=ctl: c.step(s))
+                exact.append(same)
+                reasons.append(decision.reason)
+                model, opt = decision.model, decision.optimizer
+            _epoch(model, opt, x, y)  # the widened model trains on, over NCCL
+            path = tmp / f"neurons_{kind}.safetensors"
+            ctl.save(path)
+            ctl2 = perfora.GrowthController(fresh(), growth="neurons", write_files=False)
+            ctl2.set_optimizer(torch.optim.Adam, lr=1e-3)
+            loaded = ctl2.load(path)
+            with torch.no_grad():
+                resumed = (loaded.model(x[:64]) - model(x[:64])).abs().max().item()
+            res[kind] = {"exact": exact, "reasons": reasons,
+                         "wrapper": type(model).__name__,
+                         "sharded": any(type(p).__name__ == "DTensor"
+                                        for p in model.parameters()),
+                         "on_cuda": all(p.is_cuda for p in model.parameters()),
+                         "widths": {p: layer.num_neurons for p, layer in
+                                    perfora.dendritic_layers(model).items()},
+                         "resumed_output_diff": resumed,
+                         "optimizer_state_restored": bool(loaded.optimizer.state)}
+    except Exception as exc:  # report, do not hide
+        res["error"] = f"{type(exc).__name__}: {exc}"
+    finally:
+        dist.destroy_process_group()
+
+    width, batch = 2048, 4096
+    torch.manual_seed(0)
+    big = perfora.perforate(nn.Sequential(nn.Linear(width, width), nn.ReLU(),
+                                          nn.Linear(width, width))).to(dev)
+    ctl = perfora.GrowthController(big, growth="neurons", neuron_init="random",
+                                   write_files=False)
+    ctl.set_optimizer(torch.optim.Adam, lr=1e-4)
+    opt, _ = ctl.build_optimizer()
+    x = torch.randn(batch, width, device=dev)
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        big(x).square().mean().backward()
+        opt.step()
+
+    step_s = _timed(step, repeats=10)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    decision = ctl.add_neurons()
+    torch.cuda.synchronize()
+    widen_s = time.perf_counter() - start
+    res["widen_2048_pair"] = {"seconds": round(widen_s, 3),
+                              "train_step_ms": round(step_s * 1e3, 3),
+                              "width_after": decision.model[0].num_neurons}
+    return res
+
+
+def compiled_growth() -> dict:
+    """``torch.compile`` (inductor, CUDA) through six restructures (three dendrite sets, three
+    neuron steps) with the usual loop: the graphs each structure compiles, the compiled
+    output against eager, and that none ran eagerly (dynamo's recompile limit untouched by
+    the test; the controller raises it as it needs)."""
+    from torch._inductor.compile_fx import compile_fx
+
+    dev = torch.device("cuda", 0)
+    torch._dynamo.reset()
+    graphs: list = []
+
+    def backend(graph, example_inputs):
+        graphs.append(graph)
+        return compile_fx(graph, example_inputs)
+
+    torch.manual_seed(0)
+    model = perfora.perforate(nn.Sequential(nn.Linear(64, 128), nn.ReLU(),
+                                            nn.Linear(128, 128), nn.Tanh(),
+                                            nn.Linear(128, 10))).to(dev)
+    ctl = perfora.GrowthController(model, growth="neurons", neuron_init="random",
+                                   write_files=False)
+    ctl.set_optimizer(torch.optim.Adam, lr=1e-3)
+    opt, _ = ctl.build_optimizer()
+    run = torch.compile(model, backend=backend)
+    x = torch.randn(256, 64, device=dev)
+    y = torch.randint(0, 10, (256,), device=dev)
+    per_structure, diffs, step_ms = [], [], []
+    changes = [ctl.add_dendrites, ctl.add_neurons] * 3
+    for i in range(7):
+        before = len(graphs)
+        model.train()
+        for _ in range(4):
+            opt.zero_grad()
+            nn.functional.cross_entropy(run(x), y).backward()
+            opt.step()
+        torch.cuda.synchronize()
+        model.eval()
+        with torch.no_grad():
+            diffs.append((run(x) - model(x)).abs().max().item())
+        per_structure.append(len(graphs) - before)
+        model.train()
+        for _ in range(3):  # warm: the step time of this structure's compiled graphs
+            opt.zero_grad()
+            nn.functional.cross_entropy(run(x), y).backward()
+            opt.step()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(20):
+            opt.zero_grad()
+            nn.functional.cross_entropy(run(x), y).backward()
+            opt.step()
+        torch.cuda.synchronize()
+        step_ms.append(round((time.perf_counter() - t0) / 20 * 1e3, 3))
+        if i < len(changes):
+            opt = changes[i]().optimizer
+    res = {"graphs_per_structure": per_structure, "compiled_vs_eager_max_diff": diffs,
+           "compiled_step_ms": step_ms, "dendrites": ctl.num_dendrites,
+           "width": model[0].num_neurons,
+           "recompile_limit": torch._dynamo.config.recompile_limit}
+    torch._dynamo.reset()
+    return res
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command line."""
     ap = argparse.ArgumentParser(description=__doc__)
@@ -421,7 +646,8 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("gpu_check needs a CUDA device")
     report = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__}
     checks = {"growth_on_cuda": growth_on_cuda, "nccl": nccl_restructures,
-              "error_growth": error_growth,
+              "error_growth": error_growth, "neuron_growth": neuron_growth,
+              "compiled_growth": compiled_growth,
               "lightning": lambda: lightning_runs(args.out),
               "deepspeed": lambda: deepspeed_runs(args.out),
               "deepspeed_zero3": lambda: deepspeed_zero3(args.out),

@@ -189,7 +189,7 @@ def _linear_mix(y, x, weight, bias, cascade, out_weight, activation):
     vs = out_weight.unbind(0)
     ws = cascade.unbind(0) if cascade is not None else ()
     y2 = y.reshape(b, n)
-    out = None
+    out, out2 = _output_like(y, out_weight, d_all, (b, n))
     row = 0
     for i in range(k):
         a = F.linear(x, weights[i], biases[i]).view(b, n)
@@ -197,8 +197,21 @@ def _linear_mix(y, x, weight, bias, cascade, out_weight, activation):
             a.addcmul_(ws[row], ds[j])
             row += 1
         _activate(a, activation, ds[i])
-        out = torch.addcmul(y2, vs[i], ds[i]) if out is None else out.addcmul_(vs[i], ds[i])
-    return out.view(y.shape), d_all
+        if i == 0:
+            torch.addcmul(y2, vs[i], ds[i], out=out2)
+        else:
+            out2.addcmul_(vs[i], ds[i])
+    return out, d_all
+
+
+def _output_like(y: torch.Tensor, out_weight: torch.Tensor, d: torch.Tensor,
+                 flat: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The mix's output, in ``y``'s shape, and a ``flat``-shaped view of it to write into.
+    The output itself is returned, never a view: autograd forbids in-place changes to a
+    view made inside a custom Function, and ``ReLU(inplace=True)`` after a layer is common."""
+    dtype = torch.promote_types(torch.promote_types(y.dtype, out_weight.dtype), d.dtype)
+    out = torch.empty(y.shape, dtype=dtype, device=y.device)
+    return out, out.view(flat)
 
 
 def _linear_mix_backward(grad, x, weight, cascade, out_weight, d_all, activation, need):
@@ -245,7 +258,7 @@ def _conv_mix(y, x, weight, bias, cascade, out_weight, spec, conv_forward):
     ws = cascade.view(-1, n, 1).unbind(0) if cascade is not None else ()
     pre = bank_pre_activations(x, weight, bias, k, spec, conv_forward)
     ds: list[torch.Tensor] = []
-    out = None
+    out = flat = None
     row = 0
     for i in range(k):
         a = pre[i].reshape(b, n, s)
@@ -255,9 +268,12 @@ def _conv_mix(y, x, weight, bias, cascade, out_weight, spec, conv_forward):
             row += 1
         _activate(a, spec.activation, a)
         ds.append(a)
-        out = torch.addcmul(y.reshape(b, n, s), vs[i], a) if out is None else \
-            out.addcmul_(vs[i], a)
-    return out.view(y.shape), ds
+        if flat is None:
+            out, flat = _output_like(y, out_weight, a, (b, n, s))
+            torch.addcmul(y.reshape(b, n, s), vs[i], a, out=flat)
+        else:
+            flat.addcmul_(vs[i], a)
+    return out, ds
 
 
 def _conv_mix_backward(grad, x, weight, cascade, out_weight, ds, spec, need):

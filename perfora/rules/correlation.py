@@ -90,7 +90,9 @@ class _Tap(torch.autograd.Function):
     def forward(ctx, out: torch.Tensor, d: torch.Tensor, tap: CorrelationTap) -> torch.Tensor:
         ctx.save_for_backward(d)
         ctx.tap = tap
-        return out.view_as(out)
+        # a copy, not a view: autograd forbids in-place changes to a custom Function's view
+        # output, and a ReLU(inplace=True) after the layer is common
+        return out.clone()
 
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):

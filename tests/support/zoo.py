@@ -3,8 +3,8 @@ constructor at a tiny size (no downloads, no pretrained weights), with a batch, 
 toy target, the ``perforate`` arguments each needs and what it wraps by default.
 
 Every builder seeds torch, so two calls give bit-identical models (a fresh model to load
-into). torchvision's models are listed only when torchvision imports (it must be built for
-the installed torch: the CUDA wheel fails to import against a CPU torch).
+into). torchvision's and timm's models are listed only when they import (torchvision must be
+built for the installed torch: the CUDA wheel fails to import against a CPU torch).
 """
 
 from __future__ import annotations
@@ -197,6 +197,13 @@ def _tv(name: str, **kwargs: Any) -> Callable[[], nn.Module]:
     return build
 
 
+def _tv_vit() -> nn.Module:
+    """ViT-B/16's class at a tiny size (``vit_b_16`` itself fixes the sizes)."""
+    from torchvision.models import VisionTransformer
+    return VisionTransformer(image_size=32, patch_size=16, num_layers=2, num_heads=2,
+                             hidden_dim=32, mlp_dim=64, num_classes=3)
+
+
 def torchvision_models() -> list[ZooModel]:
     """ResNet-18, MobileNetV3-small and ViT-B/16 (shrunk) from torchvision's constructors."""
     return [
@@ -204,8 +211,7 @@ def torchvision_models() -> list[ZooModel]:
                  _logits, wrapped={"Conv2d": 20, "Linear": 1}),
         ZooModel("tv-mobilenet-v3-small", _seeded(_tv("mobilenet_v3_small")), _images_batch,
                  _image_loss, _logits, wrapped={"Conv2d": 52, "Linear": 2}),
-        ZooModel("tv-vit-b16", _seeded(_tv("vit_b_16", image_size=32, num_layers=2,
-                                            num_heads=2, hidden_dim=32, mlp_dim=64)),
+        ZooModel("tv-vit-b16", _seeded(_tv_vit),
                  _images_batch, _image_loss, _logits, wrapped={"Conv2d": 1, "Linear": 5},
                  skipped=["encoder.layers.encoder_layer_0.self_attention.out_proj"]),
     ]
@@ -232,6 +238,31 @@ def feed(zoo: ZooModel, model: nn.Module) -> tuple[Feed, tuple[torch.Tensor, ...
     return Feed(model, keys, zoo.hf), tuple(batch[k] for k in keys)
 
 
+# --------------------------------------------------------------------------- timm models
+def timm_error() -> str | None:
+    """Why timm's models cannot be built here, or None when they can (timm needs
+    torchvision, so it installs only where torchvision does)."""
+    try:
+        import timm  # noqa: F401
+    except Exception as exc:
+        return f"timm does not import here ({type(exc).__name__}: {exc})"
+    return None
+
+
+def _timm_vit() -> nn.Module:
+    import timm
+    return timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=3,
+                             img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2,
+                             mlp_ratio=2.0)
+
+
+def timm_models() -> list[ZooModel]:
+    """A timm ViT (shrunk), from ``timm.create_model`` without pretrained weights."""
+    return [ZooModel("timm-vit", _seeded(_timm_vit), _images_batch, _image_loss, _logits,
+                     wrapped={"Conv2d": 1, "Linear": 9})]
+
+
 def all_models() -> list[ZooModel]:
-    """The Hugging Face models, plus torchvision's where torchvision imports."""
-    return hf_models() + ([] if torchvision_error() else torchvision_models())
+    """The Hugging Face models, plus torchvision's and timm's where they import."""
+    return (hf_models() + ([] if torchvision_error() else torchvision_models())
+            + ([] if timm_error() else timm_models()))

@@ -17,6 +17,8 @@ from tests.support.zoo import (  # noqa: E402
     ZooModel,
     all_models,
     feed,
+    timm_error,
+    timm_models,
     torchvision_error,
     torchvision_models,
 )
@@ -151,3 +153,10 @@ def test_torchvision_models_are_listed_or_the_reason_is_given():
     if why is not None:
         pytest.skip(f"torchvision unavailable: {why}")
     assert {z.name for z in torchvision_models()} <= set(IDS)
+
+
+def test_timm_models_are_listed_or_the_reason_is_given():
+    why = timm_error()
+    if why is not None:
+        pytest.skip(f"timm unavailable: {why}")
+    assert {z.name for z in timm_models()} <= set(IDS)
