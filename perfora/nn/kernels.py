@@ -209,9 +209,13 @@ def _output_like(y: torch.Tensor, out_weight: torch.Tensor, d: torch.Tensor,
     """The mix's output, in ``y``'s shape, and a ``flat``-shaped view of it to write into.
     The output itself is returned, never a view: autograd forbids in-place changes to a
     view made inside a custom Function, and ``ReLU(inplace=True)`` after a layer is common."""
-    dtype = torch.promote_types(torch.promote_types(y.dtype, out_weight.dtype), d.dtype)
-    out = torch.empty(y.shape, dtype=dtype, device=y.device)
+    out = torch.empty(y.shape, dtype=_mix_dtype(y, out_weight, d), device=y.device)
     return out, out.view(flat)
+
+
+def _mix_dtype(y: torch.Tensor, out_weight: torch.Tensor, d: torch.Tensor) -> torch.dtype:
+    """The dtype ``addcmul(y, v, d)`` gives (autocast can leave them different)."""
+    return torch.promote_types(torch.promote_types(y.dtype, out_weight.dtype), d.dtype)
 
 
 def _linear_mix_backward(grad, x, weight, cascade, out_weight, d_all, activation, need):
@@ -258,7 +262,8 @@ def _conv_mix(y, x, weight, bias, cascade, out_weight, spec, conv_forward):
     ws = cascade.view(-1, n, 1).unbind(0) if cascade is not None else ()
     pre = bank_pre_activations(x, weight, bias, k, spec, conv_forward)
     ds: list[torch.Tensor] = []
-    out = flat = None
+    out = None
+    ones = (1,) * (y.dim() - 2)
     row = 0
     for i in range(k):
         a = pre[i].reshape(b, n, s)
@@ -268,11 +273,13 @@ def _conv_mix(y, x, weight, bias, cascade, out_weight, spec, conv_forward):
             row += 1
         _activate(a, spec.activation, a)
         ds.append(a)
-        if flat is None:
-            out, flat = _output_like(y, out_weight, a, (b, n, s))
-            torch.addcmul(y.reshape(b, n, s), vs[i], a, out=flat)
+        # written in y's own layout (a channels_last y stays channels_last): a layer
+        # after it that saw another layout would compute, and round, differently
+        if out is None:
+            out = torch.empty_like(y, dtype=_mix_dtype(y, out_weight, a))
+            torch.addcmul(y, vs[i].view(n, *ones), a.view(y.shape), out=out)
         else:
-            flat.addcmul_(vs[i], a)
+            out.addcmul_(vs[i].view(n, *ones), a.view(y.shape))
     return out, ds
 
 

@@ -1,0 +1,53 @@
+"""A grown conv keeps its base output's memory format. With a channels_last input (timm's
+ConvNeXt feeds its 1x1 convs one, from a permuted LayerNorm) the fused mix of two or more
+dendrite sets used to return a contiguous tensor: the next layer then computed in another
+layout and rounded differently, so growth changed the model's output (by 4e-7 here)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import perfora
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return perfora.perforate(nn.Sequential(
+        nn.Conv2d(64, 256, 1), nn.GELU(), nn.Conv2d(256, 64, 1),
+        nn.Conv2d(64, 64, 7, padding=3, groups=64)))
+
+
+X = torch.randn(2, 64, 7, 7, generator=torch.Generator().manual_seed(1)).contiguous(
+    memory_format=torch.channels_last)
+
+
+@pytest.mark.parametrize("sets", [1, 2, 3])
+def test_growth_of_a_channels_last_conv_leaves_the_output_bit_identical(sets):
+    model = _model().eval()
+    with torch.no_grad():
+        before = model(X)
+    for layer in perfora.dendritic_layers(model).values():
+        for seed in range(sets):
+            layer.grow(torch.Generator().manual_seed(10 + seed))
+    with torch.no_grad():
+        assert torch.equal(model(X), before)
+        grown = model[0](X)
+        assert grown.is_contiguous(memory_format=torch.channels_last)
+        assert grown.stride() == model[0].base(X).stride()
+
+
+def test_a_channels_last_grown_conv_trains_with_the_gradients_of_a_contiguous_one():
+    grads = []
+    for x in (X, X.contiguous()):
+        model = _model().train()
+        for layer in perfora.dendritic_layers(model).values():
+            for seed in range(2):
+                layer.grow(torch.Generator().manual_seed(10 + seed))
+            with torch.no_grad():
+                layer.out_weight.fill_(0.1)
+        model(x).square().mean().backward()
+        grads.append({n: p.grad for n, p in model.named_parameters()})
+    for name, grad in grads[0].items():
+        torch.testing.assert_close(grad, grads[1][name], rtol=1e-4, atol=1e-6, msg=name)
