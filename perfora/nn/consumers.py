@@ -11,7 +11,8 @@ input columns. The readers are found, in this order:
    width grows, never ``d_model``;
 3. ``nn.Sequential`` chains through activations, dropout, pooling, BatchNorm and ``Flatten``,
    and into transformers' ``*ConvLayer`` modules (ResNet);
-4. ``torch.fx`` symbolic tracing, where the model traces.
+4. ``torch.fx`` symbolic tracing, where the model traces; it also follows a chain that
+   leaves its ``nn.Sequential`` before the reader (VGG's ``features`` -> ``classifier``).
 
 A layer whose output is normalised jointly (LayerNorm, GroupNorm), added to a residual
 stream, split into attention heads, or read by something unknown is refused, with the reason,
@@ -63,6 +64,7 @@ _POOL_FUNCTIONS = {F.max_pool1d, F.max_pool2d, F.max_pool3d}
 _EXACT_METHODS = {"relu", "relu_"}
 _LAST_AXIS = ("a Linear's neurons are on the last axis of its output, and {0} ({1}) works on "
               "dim 1, the same axis only when the output is 2-D, which the plan cannot know")
+_LEAVES = "its output leaves the nn.Sequential"
 _ADDS = {operator.add, operator.iadd, torch.add, operator.sub, torch.sub}
 
 
@@ -89,14 +91,20 @@ def plan_widening(model: nn.Module, pairs: Mapping[str, Any] | None = None, *,
             plan.layers[entry.path] = entry
             decided.add(entry.path)
     chained: set[str] = set()
+    leaving: set[str] = set()
     for entry in _sequential_chains(model):
         if entry.path in plan.layers and entry.path not in decided:
             plan.layers[entry.path] = entry
+            if (entry.reason or "").startswith(_LEAVES):
+                leaving.add(entry.path)
+                continue  # the chain ends before its reader: the graph may still find it
             decided.add(entry.path)
             chained.add(entry.path)
     if trace and set(candidates) - decided | chained:
         graph = _trace(model)
         for entry in _traced(model, set(candidates) - decided, graph):
+            if entry.path in leaving and not isinstance(graph, torch.fx.Graph):
+                continue  # no graph: the chain's own reason says more
             plan.layers[entry.path] = entry
         if isinstance(graph, torch.fx.Graph):
             # a forward may also run a Sequential's steps one by one and keep their outputs:
@@ -315,8 +323,8 @@ def _follow(pre: str, name: str, producer: nn.Module,
         else:
             return refuse(path, f"its output goes to {cpath} ({type(child).__name__}), whose "
                                  "use of new neurons is unknown; pass pairs=", by)
-    return refuse(path, f"its output leaves the nn.Sequential {seq_path or '(model)'}, so its "
-                         "consumer is unknown; pass pairs=", by)
+    return refuse(path, f"{_LEAVES} {seq_path or '(model)'}, so its consumer is unknown "
+                         "(and the model does not trace with torch.fx); pass pairs=", by)
 
 
 class _LeafTracer(torch.fx.Tracer):

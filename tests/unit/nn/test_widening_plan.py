@@ -282,3 +282,45 @@ def test_bottleneck_blocks_widen_their_inner_convolutions_exactly_twice():
             perfora.widen(model, path, 3)
             assert torch.equal(model(x), want), path
     assert model[1].conv2.num_neurons == 12 and model[1].conv3.source.in_channels == 12
+
+
+class FeaturesThenClassifier(nn.Module):
+    """The VGG/AlexNet split: the last conv of ``features`` is read by ``classifier``'s first
+    Linear, in another nn.Sequential."""
+
+    def __init__(self, traceable: bool = True) -> None:
+        super().__init__()
+        self.traceable = traceable
+        self.features = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8),
+                                      nn.ReLU(), nn.MaxPool2d(2))
+        self.classifier = nn.Sequential(nn.Flatten(), nn.Linear(8 * 4 * 4, 16), nn.ReLU(),
+                                        nn.Linear(16, 3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.features(x)
+        if not self.traceable and h.sum() > 1e9:  # a branch on a value: fx cannot follow
+            h = h * 2
+        return self.classifier(h)
+
+
+def test_a_chain_that_leaves_its_sequential_is_followed_by_the_graph():
+    torch.manual_seed(0)
+    model = perfora.perforate(FeaturesThenClassifier()).eval()
+    plan = perfora.plan_widening(model)
+    assert plan.layers["features.0"].consumers == [("classifier.1", 16)]
+    assert plan.layers["features.0"].found_by == "torch.fx"
+    x = torch.randn(2, 3, 8, 8)
+    with torch.no_grad():
+        before = model(x)
+    perfora.widen(model, "features.0", 3)
+    with torch.no_grad():
+        assert torch.equal(model(x), before)
+    assert model.features[1].num_features == 11
+    assert model.classifier[1].source.weight.shape == (16, 11 * 16)
+
+
+def test_where_the_model_does_not_trace_the_chain_refusal_says_so():
+    plan = perfora.plan_widening(perfora.perforate(FeaturesThenClassifier(traceable=False)))
+    assert not plan.layers["features.0"].widenable
+    assert "leaves the nn.Sequential features" in plan.refused["features.0"]
+    assert "does not trace with torch.fx" in plan.refused["features.0"]
