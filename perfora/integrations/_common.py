@@ -9,6 +9,7 @@ snapshot; the framework saves the weights itself).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Mapping
@@ -29,6 +30,8 @@ from ..nn.perforation import fit_structure, layer_specs, perforate
 
 MODES = ("min", "max")
 """The directions a monitored metric can improve in: ``"min"`` (a loss), ``"max"``."""
+CALLBACK_DEFAULTS = {"n_epochs_to_switch": 10, "max_dendrites": 3}
+"""A growth callback's patience and dendrite cap where neither the call nor config= sets them."""
 CONTROLLER_FILE = "perfora.safetensors"
 """The file perfora adds to a framework's checkpoint folder: the controller's state."""
 
@@ -49,11 +52,15 @@ class GrowthCallback:
     controller: GrowthController | None
     last_decision: Decision | None
 
-    def _init_growth(self, *, patience: int, max_dendrites: int, module: str | None,
-                     config: PerforaConfig | Mapping[str, Any] | None,
+    def _init_growth(self, *, patience: int | None, max_dendrites: int | None,
+                     module: str | None, config: PerforaConfig | Mapping[str, Any] | None,
                      perforate_kwargs: Mapping[str, Any] | None,
                      settings: Mapping[str, Any]) -> None:
-        """Keep what every growth callback is given; the controller comes later."""
+        """Keep what every growth callback is given; the controller comes later.
+
+        ``patience`` and ``max_dendrites`` left out take the value set in ``config`` (a
+        setting given there is never silently replaced), else the callback's defaults; given
+        both ways with different values, a ConfigError."""
         for setting, own in (("n_epochs_to_switch", "patience"), ("maximize", "mode")):
             if setting in settings:  # one would silently win over the other
                 raise ConfigError(f"{self.callback_name}({setting}=...): this callback takes "
@@ -62,10 +69,36 @@ class GrowthCallback:
         self.perforate_kwargs = dict(perforate_kwargs or {})
         self._base_config = PerforaConfig.coerce(config) if config is not None else \
             PerforaConfig(save_checkpoints=False)
-        self._overrides: dict[str, Any] = {"n_epochs_to_switch": patience,
-                                           "max_dendrites": max_dendrites, **settings}
+        self._set_in_config = set_in(config)
+        self._overrides: dict[str, Any] = {}
+        for setting, own, given in (("n_epochs_to_switch", "patience", patience),
+                                    ("max_dendrites", "max_dendrites", max_dendrites)):
+            chosen = self._agree(setting, own, given, getattr(self._base_config, setting))
+            if chosen is None and setting not in self._set_in_config:
+                chosen = CALLBACK_DEFAULTS[setting]
+            if chosen is not None:
+                self._overrides[setting] = chosen
+        self._overrides.update(settings)
         self.controller = None
         self.last_decision = None
+
+    def _agree(self, setting: str, own: str, given: Any, in_config: Any) -> Any:
+        """``given`` (None: not given); a ConfigError where ``config`` set another value."""
+        if given is not None and setting in self._set_in_config and given != in_config:
+            raise ConfigError(f"{self.callback_name}({own}={given!r}) and config="
+                              f"{{{setting!r}: {in_config!r}}} disagree; give one of them")
+        return given
+
+    def config_mode(self, mode: str | None) -> str | None:
+        """``mode``, else the direction ``config`` set with ``maximize``, else None (the
+        callback's own default applies)."""
+        maximize = self._base_config.maximize
+        given = None if mode is None else mode == "max"
+        if self._agree("maximize", "mode", given, maximize) is not None:
+            return mode
+        if "maximize" in self._set_in_config:
+            return "max" if maximize else "min"
+        return None
 
     def growth_config(self, mode: str) -> PerforaConfig:
         """The controller's config: the base config with ``mode`` and the given settings
@@ -105,6 +138,18 @@ class GrowthCallback:
         """Write the run's last files (the fit or training ended)."""
         if self.controller is not None:
             self.controller.finish()
+
+
+def set_in(config: PerforaConfig | Mapping[str, Any] | None) -> set[str]:
+    """The settings ``config`` sets: a mapping's keys, or a PerforaConfig's fields that
+    differ from the defaults."""
+    if config is None:
+        return set()
+    if isinstance(config, Mapping):
+        return set(config)
+    defaults = PerforaConfig()
+    return {f.name for f in dataclasses.fields(config)
+            if getattr(config, f.name) != getattr(defaults, f.name)}
 
 
 def check_mode(mode: str) -> None:

@@ -79,9 +79,10 @@ class DendriteGrowth(GrowthCallback, Callback):
     """Grow dendrites during ``trainer.fit`` when the monitored metric plateaus.
 
     ``monitor``/``mode``/``patience`` work as in ``EarlyStopping``; ``max_dendrites`` caps
-    the dendrite sets. ``module`` is the attribute path of the submodule to perforate
-    (``None``: the whole LightningModule). ``config`` or keyword ``settings`` are any
-    :class:`~perfora.PerforaConfig` fields; ``perforate_kwargs`` go to
+    the dendrite sets. ``patience``, ``max_dendrites`` and ``mode`` left out take what
+    ``config`` sets, else 10, 3 and ``"min"``. ``module`` is the attribute path of the
+    submodule to perforate (``None``: the whole LightningModule). ``config`` or keyword
+    ``settings`` are any :class:`~perfora.PerforaConfig` fields; ``perforate_kwargs`` go to
     :func:`perfora.perforate`. Run files (metrics.csv, history.png) go to ``run_dir``
     (default: ``<trainer.default_root_dir>/perfora``); Lightning's own checkpoints carry the
     dendrites, so perfora writes no model files of its own unless ``save_checkpoints=True``.
@@ -90,20 +91,23 @@ class DendriteGrowth(GrowthCallback, Callback):
     callback_name = "DendriteGrowth"
     model_noun = "LightningModule"
 
-    def __init__(self, monitor: str = "val_loss", mode: str = "min", patience: int = 10,
-                 max_dendrites: int = 3, *, module: str | None = None,
+    def __init__(self, monitor: str = "val_loss", mode: str | None = None,
+                 patience: int | None = None, max_dendrites: int | None = None, *,
+                 module: str | None = None,
                  config: PerforaConfig | Mapping[str, Any] | None = None, rule: str | None = None,
                  perforate_kwargs: Mapping[str, Any] | None = None,
                  run_dir: str | None = None, log_metrics: bool = True,
                  **settings: Any) -> None:
         super().__init__()
-        check_mode(mode)
+        if mode is not None:
+            check_mode(mode)
         if not isinstance(monitor, str) or not monitor:
             raise ConfigError(f"monitor must be the name of a logged metric, got {monitor!r}")
         if rule is not None:
             settings = {**settings, "rule": rule}
         self._init_growth(patience=patience, max_dendrites=max_dendrites, module=module,
                           config=config, perforate_kwargs=perforate_kwargs, settings=settings)
+        mode = self.config_mode(mode) or "min"
         self.config = self.growth_config(mode)
         self.monitor, self.mode = monitor, mode
         self.run_dir, self.log_metrics = run_dir, log_metrics

@@ -81,9 +81,10 @@ class DendriteGrowthCallback(GrowthCallback, TrainerCallback):
     prefix may be left out); ``None`` takes ``args.metric_for_best_model`` and
     ``args.greater_is_better``, else ``"eval_loss"``. ``mode`` (``"min"``/``"max"``)
     defaults as the Trainer does: ``"min"`` for a name ending in ``loss``, else ``"max"``.
-    ``patience`` counts evaluations; ``module`` is the dotted path of the submodule to
-    perforate (``None``: the whole model); ``perforate_kwargs`` go to
-    :func:`perfora.perforate`; ``config`` or keyword ``settings`` are
+    ``patience`` counts evaluations (``patience``, ``max_dendrites`` and ``mode`` left out
+    take what ``config`` sets, else 10, 3 and the Trainer's conventions); ``module`` is the
+    dotted path of the submodule to perforate (``None``: the whole model);
+    ``perforate_kwargs`` go to :func:`perfora.perforate`; ``config`` or keyword ``settings`` are
     :class:`~perfora.PerforaConfig` fields. Run files go to ``run_dir`` (default
     ``<output_dir>/perfora``; ``write_files=False``: none). A run whose epochs or
     ``max_steps`` run out before growth completes ends with its best model (the best
@@ -96,7 +97,8 @@ class DendriteGrowthCallback(GrowthCallback, TrainerCallback):
     model_noun = "model"
 
     def __init__(self, monitor: str | None = None, mode: str | None = None,
-                 patience: int = 10, max_dendrites: int = 3, *, module: str | None = None,
+                 patience: int | None = None, max_dendrites: int | None = None, *,
+                 module: str | None = None,
                  config: PerforaConfig | Mapping[str, Any] | None = None,
                  perforate_kwargs: Mapping[str, Any] | None = None,
                  run_dir: str | os.PathLike | None = None, write_files: bool = True,
@@ -108,7 +110,8 @@ class DendriteGrowthCallback(GrowthCallback, TrainerCallback):
         self.monitor, self.mode = monitor, mode
         self._init_growth(patience=patience, max_dendrites=max_dendrites, module=module,
                           config=config, perforate_kwargs=perforate_kwargs, settings=settings)
-        self.growth_config(mode or "min")  # invalid settings fail here, not at bind
+        self.mode = self.config_mode(mode)
+        self.growth_config(self.mode or "min")  # invalid settings fail here, not at bind
         self.config: PerforaConfig | None = None
         self.run_dir, self.write_files = run_dir, write_files
         self.restore_best_at_end = bool(restore_best_at_end)
