@@ -83,16 +83,21 @@ def plan_widening(model: nn.Module, pairs: Mapping[str, Any] | None = None, *,
                                       "pass pairs={path: [consumers]}")
                          for p in candidates})
     decided: set[str] = set()
+    found: dict[str, LayerPlan] = {}  # what the search finds for a pairs= layer
     for path, readers in (pairs or {}).items():
         plan.layers[path] = _explicit(model, path, readers)
         decided.add(path)
     for entry in known_blocks(model):
+        if entry.path in decided:
+            found.setdefault(entry.path, entry)
         if entry.path in plan.layers and entry.path not in decided:
             plan.layers[entry.path] = entry
             decided.add(entry.path)
     chained: set[str] = set()
     leaving: set[str] = set()
     for entry in _sequential_chains(model):
+        if pairs and entry.path in pairs:
+            found.setdefault(entry.path, entry)
         if entry.path in plan.layers and entry.path not in decided:
             plan.layers[entry.path] = entry
             if (entry.reason or "").startswith(_LEAVES):
@@ -100,8 +105,14 @@ def plan_widening(model: nn.Module, pairs: Mapping[str, Any] | None = None, *,
                 continue  # the chain ends before its reader: the graph may still find it
             decided.add(entry.path)
             chained.add(entry.path)
-    if trace and set(candidates) - decided | chained:
+    unchecked = {p for p in (pairs or {}) if p not in found and plan.layers[p].widenable}
+    graph: torch.fx.Graph | Exception | None = None
+    if trace and unchecked:
         graph = _trace(model)
+        if isinstance(graph, torch.fx.Graph):
+            found.update({e.path: e for e in _traced(model, unchecked, graph)})
+    if trace and set(candidates) - decided | chained:
+        graph = _trace(model) if graph is None else graph
         for entry in _traced(model, set(candidates) - decided, graph):
             if entry.path in leaving and not isinstance(graph, torch.fx.Graph):
                 continue  # no graph: the chain's own reason says more
@@ -113,8 +124,27 @@ def plan_widening(model: nn.Module, pairs: Mapping[str, Any] | None = None, *,
             for entry in _traced(model, wanted, graph):
                 if not entry.widenable:
                     plan.layers[entry.path] = entry
+    for path, entry in found.items():
+        if plan.layers[path].widenable and entry.widenable:
+            plan.layers[path] = _checked_pairs(model, plan.layers[path], entry)
     _refuse_shared(model, plan)
     return plan
+
+
+def _checked_pairs(model: nn.Module, given: LayerPlan, found: LayerPlan) -> LayerPlan:
+    """A ``pairs=`` entry against what the search found for the same layer: a reader or a
+    module with state on the way (a BatchNorm) that the entry leaves out would not widen,
+    and the model would fail at its next forward."""
+    listed = {p for p, _ in [*given.consumers, *given.through]}
+    missing = [p for p, _ in found.consumers if p not in listed]
+    missing += [p for p, _ in found.through if p not in listed
+                and any(True for _ in model.get_submodule(p).buffers())]
+    if not missing:
+        return given
+    return refuse(given.path, f"pairs[{given.path!r}] leaves out {', '.join(missing)}, which "
+                              f"the model's own search finds on its output's way "
+                              f"({found.found_by}); list {'it' if len(missing) == 1 else 'them'}"
+                              " too, or leave the layer out of pairs=", "pairs")
 
 
 def _module_at(model: nn.Module, path: str) -> Any:

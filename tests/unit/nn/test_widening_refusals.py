@@ -251,3 +251,36 @@ def test_a_state_wider_where_this_model_cannot_follow_is_refused_and_nothing_cha
     with pytest.raises(perfora.PerforationError, match="perfora.load_model"):
         fresh.load_state_dict(state)  # seq.0 widens first, then fc cannot: seq.0 undone
     assert _shapes(fresh) == shapes and torch.equal(fresh(X), before)
+
+
+class _ConvBnConv(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1, self.bn, self.c2 = nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.Conv2d(8, 4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c2(torch.relu(self.bn(self.c1(x))))
+
+
+@pytest.mark.parametrize("kind", ["sequential", "fx"])
+def test_pairs_that_leave_out_a_batchnorm_on_the_way_are_refused_before_any_change(kind):
+    # the BatchNorm kept its 8 channels and the next forward failed (running_mean should
+    # contain 10 elements not 8)
+    torch.manual_seed(0)
+    if kind == "sequential":
+        model = perfora.perforate(nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8),
+                                                nn.ReLU(), nn.Conv2d(8, 4, 3))).eval()
+        producer, bn, reader = "0", "1", "3"
+    else:
+        model = perfora.perforate(_ConvBnConv()).eval()
+        producer, bn, reader = "c1", "bn", "c2"
+    x = torch.randn(2, 3, 9, 9)
+    with torch.no_grad():
+        before = model(x)
+    refused = rf"pairs\['{producer}'\] leaves out {bn}, which the model's own search finds"
+    with pytest.raises(perfora.PerforationError, match=refused):
+        perfora.widen(model, producer, 2, pairs={producer: [reader]})
+    assert model.get_submodule(producer).num_neurons == 8  # nothing changed
+    perfora.widen(model, producer, 2, pairs={producer: [bn, reader]})
+    with torch.no_grad():
+        assert torch.equal(model(x), before)
