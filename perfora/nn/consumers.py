@@ -351,8 +351,7 @@ def _follow(pre: str, name: str, producer: nn.Module,
             return refuse(path, f"its outputs are normalised jointly by {cpath} "
                                  f"({type(child).__name__})", by)
         else:
-            return refuse(path, f"its output goes to {cpath} ({type(child).__name__}), whose "
-                                 "use of new neurons is unknown; pass pairs=", by)
+            return refuse(path, _unknown_reader(cpath, child), by)
     return refuse(path, f"{_LEAVES} {seq_path or '(model)'}, so its consumer is unknown "
                          "(and the model does not trace with torch.fx); pass pairs=", by)
 
@@ -406,6 +405,18 @@ def _traced(model: nn.Module, wanted: set[str],
     return out
 
 
+def _unknown_reader(path: str, module: nn.Module) -> str:
+    """Why a widening stops at ``module``: a grouped conv (MobileNet's and EfficientNet's
+    depthwise convs) cannot take new input channels; anything else is unknown."""
+    core = module.source if isinstance(module, DendriticLayer) else module
+    groups = getattr(core, "groups", 1)
+    if isinstance(core, CONV_TYPES) and groups != 1:
+        return (f"its output goes to {path}, a grouped convolution (groups={groups}, as in a "
+                "depthwise-separable block): a widening cannot give it new input channels")
+    return (f"its output goes to {path} ({type(module).__name__}), whose use of new neurons "
+            "is unknown; pass pairs=")
+
+
 def _follow_graph(model: nn.Module, start: torch.fx.Node) -> LayerPlan:
     path, by = str(start.target), "torch.fx"
     producer = model.get_submodule(path)
@@ -443,8 +454,7 @@ def _follow_graph(model: nn.Module, start: torch.fx.Node) -> LayerPlan:
                 return refuse(path, f"its outputs are normalised jointly by {target} "
                                      f"({type(module).__name__})", by)
             else:
-                return refuse(path, f"its output goes to {target} ({type(module).__name__}), "
-                                     "whose use of new neurons is unknown; pass pairs=", by)
+                return refuse(path, _unknown_reader(target, module), by)
         elif node.op == "call_function" and node.target in _ADDS:
             return refuse(path, f"its output is added to another tensor ({node.name}): a "
                                  "residual connection", by)
