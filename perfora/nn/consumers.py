@@ -328,7 +328,11 @@ def _follow(pre: str, name: str, producer: nn.Module,
         if axis == -1 and isinstance(child, (*POOLING, nn.Flatten)):
             return refuse(path, _LAST_AXIS.format(cpath, type(child).__name__), by)
         if isinstance(child, (*ELEMENTWISE, *DROPOUT, *POOLING)):
-            if not isinstance(child, nn.Identity):
+            if flat:
+                why = _after_flatten(cpath, child)
+                if why:
+                    return refuse(path, why, by)
+            elif not isinstance(child, nn.Identity):
                 entry.through.append((cpath, axis))
         elif isinstance(child, BN_TYPES):
             if child.num_features != width:
@@ -405,6 +409,18 @@ def _traced(model: nn.Module, wanted: set[str],
     return out
 
 
+def _after_flatten(path: str, module: nn.Module) -> str | None:
+    """Why a widening stops at ``module`` after a flatten, or None where it stays as it is:
+    relu-like modules are exact on any width, and so is dropout in eval mode (in training
+    its mask, random either way, is drawn over the wider tensor). Anything else would have
+    to be split by neuron in the flattened layout, which a widening does not do."""
+    if isinstance(module, (*WIDTH_EXACT, *DROPOUT)):
+        return None
+    return (f"its output is flattened and then goes through {path} "
+            f"({type(module).__name__}), which a widening splits by neuron only before a "
+            "flatten")
+
+
 def _unknown_reader(path: str, module: nn.Module) -> str:
     """Why a widening stops at ``module``: a grouped conv (MobileNet's and EfficientNet's
     depthwise convs) cannot take new input channels; anything else is unknown."""
@@ -445,7 +461,11 @@ def _follow_graph(model: nn.Module, start: torch.fx.Node) -> LayerPlan:
             if isinstance(module, BN_TYPES):
                 entry.through.append((target, 1))
             elif isinstance(module, (*ELEMENTWISE, *DROPOUT, *POOLING)):
-                if not isinstance(module, nn.Identity):
+                if flat:
+                    why = _after_flatten(target, module)
+                    if why:
+                        return refuse(path, why, by)
+                elif not isinstance(module, nn.Identity):
                     entry.through.append((target, axis))
             elif isinstance(module, nn.Flatten) and module.start_dim == 1 \
                     and module.end_dim == -1:

@@ -324,3 +324,50 @@ def test_where_the_model_does_not_trace_the_chain_refusal_says_so():
     assert not plan.layers["features.0"].widenable
     assert "leaves the nn.Sequential features" in plan.refused["features.0"]
     assert "does not trace with torch.fx" in plan.refused["features.0"]
+
+
+class _AlexNetLayout(nn.Module):
+    """AlexNet's and EfficientNet's head: pool, torch.flatten, then Dropout before the Linear."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(inplace=True),
+                                      nn.MaxPool2d(2))
+        self.avgpool = nn.AdaptiveAvgPool2d((2, 2))
+        self.classifier = nn.Sequential(nn.Dropout(0.5), nn.Linear(8 * 4, 16), nn.ReLU(),
+                                        nn.Dropout(0.5), nn.Linear(16, 3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(torch.flatten(self.avgpool(self.features(x)), 1))
+
+
+@pytest.mark.parametrize("kind", ["sequential", "fx"])
+def test_a_dropout_after_the_flatten_stays_as_it_is_and_the_widening_is_exact(kind):
+    # it was wrapped to split the channel axis of a tensor the flatten had made 2-D: the
+    # widened model failed at its next forward (IndexError: tuple index out of range)
+    torch.manual_seed(0)
+    if kind == "sequential":
+        model = perfora.perforate(nn.Sequential(
+            nn.Conv2d(3, 8, 3), nn.SiLU(), nn.Flatten(), nn.Dropout(0.2),
+            nn.Linear(8 * 36, 4)))
+        producer = "0"
+    else:
+        model, producer = perfora.perforate(_AlexNetLayout()), "features.0"
+    model.eval()
+    x = torch.randn(2, 3, 8, 8)
+    with torch.no_grad():
+        before = model(x)
+    perfora.widen(model, producer, 3)
+    with torch.no_grad():
+        assert torch.equal(model(x), before)
+    model.train()
+    model(x).square().mean().backward()  # the widened model trains, dropout and all
+    assert model.get_submodule(producer).source.weight.grad.shape[0] == 11
+
+
+def test_a_module_after_the_flatten_that_would_need_splitting_is_refused():
+    model = perfora.perforate(nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Flatten(),
+                                            nn.SiLU(), nn.Linear(8 * 36, 4)))
+    assert perfora.plan_widening(model).refused["0"] == (
+        "its output is flattened and then goes through 3 (SiLU), which a widening splits by "
+        "neuron only before a flatten")
