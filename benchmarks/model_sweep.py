@@ -62,6 +62,16 @@ def _torch_nn(name: str) -> nn.Module:
     return Encoder()
 
 
+def check_spec(spec: str) -> None:
+    """Refuse a model name the sweep does not know, before anything runs."""
+    source, _, name = spec.rpartition(":")
+    known = source == "timm" and name or source in ("", "tv") and name in TORCHVISION \
+        or source == "" and name in TORCH_NN
+    if not known:
+        raise SystemExit(f"unknown model {spec!r}: torchvision names ({', '.join(TORCHVISION)}"
+                         f"), timm:NAME, or {', '.join(TORCH_NN)}")
+
+
 def builder(spec: str) -> tuple[Callable[[], nn.Module], int]:
     """A model constructor (3 classes, no pretrained weights) and its input size."""
     source, _, name = spec.rpartition(":")
@@ -74,9 +84,7 @@ def builder(spec: str) -> tuple[Callable[[], nn.Module], int]:
 
         extra = {"aux_logits": False, "init_weights": True} if name == "googlenet" else {}
         return (lambda: getattr(tvm, name)(weights=None, num_classes=3, **extra)), 96
-    if name in TORCH_NN:
-        return (lambda: _torch_nn(name)), 64
-    raise SystemExit(f"unknown model {spec!r}: torchvision names, timm:NAME, or {TORCH_NN}")
+    return (lambda: _torch_nn(name)), 64
 
 
 def available_models() -> list[str]:
@@ -101,13 +109,12 @@ def _logits(out) -> torch.Tensor:
 
 def sweep_one(spec: str, device: torch.device) -> dict:
     """The stages for one model: each 'ok', a measurement, or the error that stopped it."""
-    build, size = builder(spec)
-    gen = torch.Generator().manual_seed(0)
-    x = torch.randn(2, 3, size, size, generator=gen).to(device)
-    y = torch.tensor([0, 2], device=device)
     row: dict = {"model": spec}
     stage = "build"
     try:
+        build, size = builder(spec)  # an import that fails is this model's error
+        x = torch.randn(2, 3, size, size, generator=torch.Generator().manual_seed(0)).to(device)
+        y = torch.tensor([0, 2], device=device)
         torch.manual_seed(0)
         model = perfora.perforate(build().eval()).to(device)
         row["wrapped"] = dict(collections.Counter(w.type for w in
@@ -171,19 +178,35 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line."""
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--models", default=None,
                     help="comma-separated (default: every model whose library imports)")
-    ap.add_argument("--out", type=Path, default=output_paths.LOCAL / "model_sweep.json")
-    args = ap.parse_args(argv)
+    ap.add_argument("--out", type=Path, default=None,
+                    help="JSON output path (default benchmarks/results/local/model_sweep.json; "
+                         "the stored results/model_sweep_h200.json is a GPU machine's run, "
+                         "copied by hand)")
+    return ap
+
+
+def output_path(args: argparse.Namespace) -> Path:
+    """--out, else benchmarks/results/local/model_sweep.json (git-ignored)."""
+    return args.out or output_paths.LOCAL / "model_sweep.json"
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    args.out = output_path(args)
     device = torch.device(args.device)
     if device.type == "cuda":
         torch.backends.cudnn.deterministic = True  # growth must leave outputs bit-identical
         torch.backends.cudnn.benchmark = False
     specs = args.models.split(",") if args.models else available_models()
+    for spec in specs:
+        check_spec(spec)
     rows = []
     for spec in specs:
         start = time.perf_counter()

@@ -287,6 +287,60 @@ def table_gpu_growth() -> str:
     return _rows(["check", "largest output change at growth", "notes"], out)
 
 
+def table_gpu_neurons() -> str:
+    """``gpu_check.py --only neuron_growth compiled_growth``: neuron growth on CUDA and over
+    NCCL, and a compiled model through six restructures."""
+    result = _load("gpu_check_h200.json")
+    neurons, compiled = result["neuron_growth"], result["compiled_growth"]
+    out = []
+    for name, what in (("mlp", "MLP"), ("cnn_bn", "CNN with BatchNorm")):
+        run = neurons[name]
+        out.append([f"neuron steps on CUDA, {what}", _exact(run["exact"]),
+                    f"widths {run['widths']}, then a dendrite set and one more neuron step; "
+                    + ("bf16 autocast gradients finite" if run["bf16_grads_finite"] else
+                       "bf16 gradients NOT finite")])
+    for name, what in (("ddp", "DDP"), ("fsdp2", "FSDP2")):
+        run = neurons[name]
+        out.append([f"neuron steps, {what} over NCCL", _exact(run["exact"]),
+                    f"{run['wrapper']}, widths {run['widths']}; saved and loaded into a "
+                    f"narrow model: output diff {run['resumed_output_diff']:g}, optimizer "
+                    + ("restored" if run["optimizer_state_restored"] else "lost")])
+    wide = neurons["widen_2048_pair"]
+    out.append(["one neuron step of a 2048-wide pair", "",
+                f"{wide['seconds'] * 1e3:.0f} ms (one training step: "
+                f"{wide['train_step_ms']:.1f} ms)"])
+    graphs = compiled["graphs_per_structure"]
+    out.append(["`torch.compile` (inductor), 3 dendrite sets and 3 neuron steps",
+                f"compiled vs eager {max(compiled['compiled_vs_eager_max_diff']):.1e}",
+                f"graphs per structure {graphs} (one per grad mode; none ran eagerly)"])
+    return _rows(["check", "output at each growth", "notes"], out)
+
+
+def _exact(flags: list[bool]) -> str:
+    return "bit-identical" if all(flags) else f"changed at {flags.count(False)} step(s)"
+
+
+def table_model_sweep() -> str:
+    """``model_sweep.py --device cuda``: real architectures through perforate, growth,
+    training, export and widening."""
+    result = _load("model_sweep_h200.json")
+    out = []
+    for row in result["rows"]:
+        wrapped = ", ".join(f"{n} {k}" for k, n in row.get("wrapped", {}).items())
+        grow = row.get("grow_output_change")
+        widen = row.get("widen_output_change")
+        out.append([f"`{row['model']}`", wrapped,
+                    "" if grow is None else f"{grow:g}",
+                    {True: "finite", False: "NOT finite"}.get(row.get("loss_finite"), ""),
+                    "" if row.get("export_diff") is None else f"{row['export_diff']:.1e}",
+                    row.get("widenable", ""),
+                    "" if widen is None else f"{widen:g}",
+                    row.get("error", "")[:60]])
+    return _rows(["model", "wrapped", "output change at growth", "training loss",
+                  "export vs live", "widenable layers", "output change at widening",
+                  "error"], out)
+
+
 # ------------------------------------------------------------------------------------ demo
 def table_demo() -> str:
     """``perfora demo --json --seed S``: the arms, per seed (the same-budget arm where the
@@ -396,6 +450,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "gpu-step": table_gpu_step,
     "gpu-growth": table_gpu_growth,
     "gpu-runs": table_gpu_runs,
+    "gpu-neurons": table_gpu_neurons,
+    "model-sweep": table_model_sweep,
     "demo": table_demo,
     "epoch-cost": table_epoch_cost,
     "checkpoint-io": table_checkpoint_io,

@@ -25,7 +25,8 @@ SCRIPTS = sorted(p.stem for p in BENCHMARKS.glob("*.py")
                  if "ArgumentParser(" in p.read_text() and p.stem != "tables")
 EXTRA_ARGS = {"gpu_bench": ["--device", "cpu"]}  # the CPU dry run: no CUDA query
 NOT_STORED_YET = {"gpu_bench", "zoo"}  # not run yet (on a GPU; at real size): no stored file
-NO_STORED_FLAG = {"gpu_check"}  # its stored JSON is put together by hand from several runs
+NO_STORED_FLAG = {"gpu_check",  # its stored JSON is put together by hand from several runs
+                  "model_sweep"}  # its stored JSON is a GPU machine's run, copied by hand
 
 
 def _git(*args: str) -> subprocess.CompletedProcess:
