@@ -27,8 +27,15 @@ def drifted_parameters(model: nn.Module) -> list[str]:
              if type(p.data) is torch.Tensor and p.numel()]
     sums = torch.zeros(1 + _BUCKETS, dtype=torch.float64)
     sums[0] = len(named)
+    sampled = torch.zeros(len(named), dtype=torch.float64)
+    on_device: dict[torch.device, list[int]] = {}
     for i, (_, p) in enumerate(named):
-        sums[1 + i % _BUCKETS] += p.detach().reshape(-1)[:_SAMPLE].double().sum().cpu()
+        on_device.setdefault(p.device, []).append(i)
+    for rows in on_device.values():  # one copy to the host per device, not per parameter
+        sampled[rows] = torch.stack([named[i][1].detach().reshape(-1)[:_SAMPLE].double().sum()
+                                     for i in rows]).cpu()
+    for i, value in enumerate(sampled.tolist()):  # in order: the same sums on every rank
+        sums[1 + i % _BUCKETS] += value
     both = all_reduce_values(torch.cat([sums, -sums]), "max")
     highest, lowest = both[:1 + _BUCKETS], -both[1 + _BUCKETS:]
     if highest[0] != lowest[0]:
