@@ -135,6 +135,11 @@ def _checked_pairs(model: nn.Module, given: LayerPlan, found: LayerPlan) -> Laye
     """A ``pairs=`` entry against what the search found for the same layer: a reader or a
     module with state on the way (a BatchNorm) that the entry leaves out would not widen,
     and the model would fail at its next forward."""
+    if found.partners and not given.partners:
+        return refuse(given.path, f"{given.path} widens together with "
+                                  f"{', '.join(found.partners)} ({found.found_by}: their "
+                                  "outputs are multiplied), which pairs= cannot say; leave "
+                                  f"{given.path} out of pairs= and the block is found", "pairs")
     listed = {p for p, _ in [*given.consumers, *given.through]}
     missing = [p for p, _ in found.consumers if p not in listed]
     missing += [p for p, _ in found.through if p not in listed

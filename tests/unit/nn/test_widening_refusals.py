@@ -309,3 +309,12 @@ def test_a_depthwise_reader_is_refused_with_the_reason(kind):
     reason = perfora.plan_widening(model).refused[producer]
     assert reason == (f"its output goes to {reader}, a grouped convolution (groups=8, as in a "
                       "depthwise-separable block): a widening cannot give it new input channels")
+
+
+def test_pairs_for_one_half_of_a_gated_block_are_refused_before_any_change():
+    # gate_proj alone gained units that its partner up_proj did not: the product failed
+    model = _LlamaLikeMLP()
+    with pytest.raises(perfora.PerforationError, match=r"gate_proj widens together with "
+                                                       r"up_proj \(Llama MLP"):
+        perfora.widen(model, "gate_proj", 2, pairs={"gate_proj": ["down_proj"]})
+    assert model.gate_proj.out_features == 16 and model.down_proj.in_features == 16
