@@ -48,9 +48,35 @@ def spans(sizes: list[int]) -> list[tuple[int, int]]:
     return out
 
 
+def layout_of(t: torch.Tensor) -> torch.memory_format:
+    """``t``'s memory format: channels_last (3d) where it is laid out so, else contiguous.
+    A block keeps it: a conv or an elementwise kernel on another layout takes another code
+    path and may round differently from the narrow layer's call."""
+    if t.dim() == 4 and not t.is_contiguous() \
+            and t.is_contiguous(memory_format=torch.channels_last):
+        return torch.channels_last
+    if t.dim() == 5 and not t.is_contiguous() \
+            and t.is_contiguous(memory_format=torch.channels_last_3d):
+        return torch.channels_last_3d
+    return torch.contiguous_format
+
+
+def block_of(t: torch.Tensor, dim: int, start: int, length: int) -> torch.Tensor:
+    """``t.narrow(dim, start, length)`` as a dense copy in ``t``'s own layout."""
+    return t.narrow(dim, start, length).contiguous(memory_format=layout_of(t))
+
+
+def joined(outs: list[torch.Tensor], dim: int, like: torch.Tensor) -> torch.Tensor:
+    """The blocks put together along ``dim``, in ``like``'s layout (the narrow call's)."""
+    out = torch.cat(outs, dim)
+    layout = layout_of(like)
+    return out if layout is torch.contiguous_format else out.contiguous(memory_format=layout)
+
+
 def piece(t: torch.Tensor, dim: int, start: int, length: int, whole: bool) -> torch.Tensor:
-    """One block of ``t`` along ``dim`` as a contiguous tensor (``t`` itself when whole)."""
-    return t if whole else t.narrow(dim, start, length).contiguous()
+    """One block of ``t`` along ``dim`` as a dense copy in its own layout (``t`` itself
+    when whole)."""
+    return t if whole else block_of(t, dim, start, length)
 
 
 def blocked_apply(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -74,7 +100,7 @@ def blocked_apply(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
             t = op(xi, w, b)
             acc = t if acc is None else acc + t
         outs.append(acc)
-    return outs[0] if len(outs) == 1 else torch.cat(outs, out_axis)
+    return outs[0] if len(outs) == 1 else joined(outs, out_axis, outs[0])
 
 
 class BlockedLayer:
@@ -148,11 +174,11 @@ class BlockedBatchNorm:
             def cut(t, start=start, length=length):
                 return None if t is None else t.narrow(0, start, length)
             outs.append(F.batch_norm(
-                x.narrow(axis, start, length).contiguous(),
+                block_of(x, axis, start, length),
                 cut(bn.running_mean) if running else None,
                 cut(bn.running_var) if running else None,
                 cut(bn.weight), cut(bn.bias), use_batch, factor, bn.eps))
-        return torch.cat(outs, axis)
+        return joined(outs, axis, x)
 
 
 def per_component(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -176,9 +202,8 @@ class Blockwise(nn.Module):
             return per_component(self, x)
         if x.shape[self.axis] != sum(self.out_blocks):
             return self.fn(x)  # another call of a shared activation (a ResNet block's relu)
-        outs = [self.fn(x.narrow(self.axis, s, n).contiguous())
-                for s, n in spans(self.out_blocks)]
-        return torch.cat(outs, self.axis)
+        outs = [self.fn(block_of(x, self.axis, s, n)) for s, n in spans(self.out_blocks)]
+        return joined(outs, self.axis, x)
 
     def extra_repr(self) -> str:
         return f"axis={self.axis}, blocks={self.out_blocks}"

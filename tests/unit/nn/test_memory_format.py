@@ -51,3 +51,24 @@ def test_a_channels_last_grown_conv_trains_with_the_gradients_of_a_contiguous_on
         grads.append({n: p.grad for n, p in model.named_parameters()})
     for name, grad in grads[0].items():
         torch.testing.assert_close(grad, grads[1][name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_widening_a_channels_last_model_leaves_the_output_bit_identical():
+    # the blocks were computed on contiguous (NCHW) copies and joined as NCHW: the narrow
+    # layers had run on channels_last, and the next layer rounded differently (3e-8 here)
+    torch.manual_seed(0)
+    model = perfora.perforate(nn.Sequential(
+        nn.Conv2d(16, 32, 1), nn.BatchNorm2d(32), nn.GELU(), nn.Conv2d(32, 16, 3, padding=1),
+        nn.SiLU(), nn.Conv2d(16, 16, 1))).eval().to(memory_format=torch.channels_last)
+    x = torch.randn(2, 16, 7, 7).contiguous(memory_format=torch.channels_last)
+    with torch.no_grad():
+        before = model(x)
+    plan = perfora.plan_widening(model)
+    assert plan.widenable == ["0", "3"]
+    for step in range(2):
+        for path in plan.widenable:
+            perfora.widen(model, path, 3 + step)
+        with torch.no_grad():
+            out = model(x)
+            assert torch.equal(out, before)
+            assert model[0](x).is_contiguous(memory_format=torch.channels_last)
