@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import output_paths
 import torch
@@ -431,6 +432,24 @@ def _neuron_nets(dev: torch.device) -> dict:
             "cnn_bn": (cnn, torch.randn(256, 3, 8, 8, device=dev, generator=gen))}
 
 
+def _neuron_steps(model: nn.Module, x: torch.Tensor,
+                  y: torch.Tensor) -> tuple[nn.Module, torch.optim.Optimizer, Any, list, list]:
+    """A GradMax neuron controller on ``model`` and two plateaus, each a new best (both
+    widenings kept): (model, optimizer, controller, outputs kept bit-identical, reasons)."""
+    ctl = perfora.GrowthController(model, growth="neurons", switch_mode="every_epoch",
+                                   max_neuron_steps=2, neuron_init="gradmax", write_files=False)
+    ctl.set_optimizer(torch.optim.Adam, lr=1e-3)
+    opt, _ = ctl.build_optimizer()
+    exact, reasons = [], []
+    for score in (0.5, 0.6):
+        _epoch(model, opt, x, y)
+        same, decision = _exact_change(model, x[:64], lambda s=score: ctl.step(s))
+        exact.append(same)
+        reasons.append(decision.reason)
+        model, opt = decision.model, decision.optimizer
+    return model, opt, ctl, exact, reasons
+
+
 def neuron_growth() -> dict:
     """Neuron growth on CUDA: GradMax rows from the error recorded on the GPU, widenings
     exact (an MLP, a CNN with BatchNorm, then mixed with dendrites), bf16 autocast after
@@ -445,19 +464,7 @@ def neuron_growth() -> dict:
     for name, (net, x) in _neuron_nets(dev).items():
         torch.manual_seed(0)
         y = torch.randint(0, 10, (x.shape[0],), device=dev)
-        model = perfora.perforate(net).to(dev)
-        ctl = perfora.GrowthController(model, growth="neurons", switch_mode="every_epoch",
-                                       max_neuron_steps=2, neuron_init="gradmax",
-                                       write_files=False)
-        ctl.set_optimizer(torch.optim.Adam, lr=1e-3)
-        opt, _ = ctl.build_optimizer()
-        exact, reasons = [], []
-        for score in (0.5, 0.6):  # each a new best: both widenings kept
-            _epoch(model, opt, x, y)
-            same, decision = _exact_change(model, x[:64], lambda s=score, c=ctl: c.step(s))
-            exact.append(same)
-            reasons.append(decision.reason)
-            model, opt = decision.model, decision.optimizer
+        model, opt, ctl, exact, reasons = _neuron_steps(perfora.perforate(net).to(dev), x, y)
         same, decision = _exact_change(model, x[:64], ctl.add_dendrites)  # dendrites on top
         exact.append(same)
         model, opt = decision.model, decision.optimizer
@@ -486,7 +493,7 @@ def neuron_growth() -> dict:
     tmp = Path(os.environ.get("PERFORA_GPU_TMP", "/tmp"))
     try:
         for kind in ("ddp", "fsdp2"):
-            mlp, x = _neuron_nets(dev)["mlp"]
+            x = _neuron_nets(dev)["mlp"][1]
 
             def fresh(kind: str = kind) -> nn.Module:
                 torch.manual_seed(0)
@@ -496,19 +503,7 @@ def neuron_growth() -> dict:
                 return perfora.wrap_ddp(base, device_ids=[0])
 
             y = torch.randint(0, 10, (x.shape[0],), device=dev)
-            model = fresh()
-            ctl = perfora.GrowthController(model, growth="neurons", switch_mode="every_epoch",
-                                           max_neuron_steps=2, neuron_init="gradmax",
-                                           write_files=False)
-            ctl.set_optimizer(torch.optim.Adam, lr=1e-3)
-            opt, _ = ctl.build_optimizer()
-            exact, reasons = [], []
-            for score in (0.5, 0.6):
-                _epoch(model, opt, x, y)
-                same, decision = _exact_change(model, x[:64], lambda s=score, c=ctl: c.step(s))
-                exact.append(same)
-                reasons.append(decision.reason)
-                model, opt = decision.model, decision.optimizer
+            model, opt, ctl, exact, reasons = _neuron_steps(fresh(), x, y)
             _epoch(model, opt, x, y)  # the widened model trains on, over NCCL
             path = tmp / f"neurons_{kind}.safetensors"
             ctl.save(path)

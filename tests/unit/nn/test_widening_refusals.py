@@ -66,13 +66,18 @@ class _NormedMLP(nn.Module):
         return self.fc2(self.layer_norm(self.activation_fn(self.fc1(x))))
 
 
-class _SparseMLP(nn.Module):
-    """Llama's names, plus a cut-off from the mean over the hidden width (as Gemma 3n's)."""
-
+class _LlamaLikeMLP(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.gate_proj, self.up_proj = nn.Linear(8, 16), nn.Linear(8, 16)
         self.down_proj, self.act_fn = nn.Linear(16, 8), nn.SiLU()
+
+    def forward(self, x):
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+
+class _SparseMLP(_LlamaLikeMLP):
+    """Llama's MLP plus a cut-off from the mean over the hidden width (as Gemma 3n's)."""
 
     def forward(self, x):
         gate = self.gate_proj(x)
@@ -90,16 +95,6 @@ class _ChunkedMLP(nn.Module):
     def forward(self, x):
         value, gate = self.fc1(x).chunk(2, dim=-1)
         return self.fc2(self.activation_fn(gate) * value)
-
-
-class _LlamaLikeMLP(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.gate_proj, self.up_proj = nn.Linear(8, 16), nn.Linear(8, 16)
-        self.down_proj, self.act_fn = nn.Linear(16, 8), nn.SiLU()
-
-    def forward(self, x):
-        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
 
 
 @pytest.mark.parametrize(("block", "path", "reason"), [
