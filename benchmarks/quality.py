@@ -23,7 +23,9 @@ point: median and quartiles of that accuracy over seeds, median parameter count.
 ``vs_curve`` and ``vs_matched`` are its median minus the curve's median accuracy at the
 arm's median parameter count (linear in log(params) between curve points; "beyond" when
 outside the curve's range, clamped to the end point); ``vs_start`` is its median minus the
-start width's (the 1x point of the early-stopped curve). All in accuracy points (x100).
+start width's (the 1x point of the early-stopped curve). ``vs_matched_paired`` (and
+``vs_curve_paired``) pair the seeds instead: the median over seeds of a run's accuracy
+minus its own seed's curve at the run's own parameter count. All in accuracy points (x100).
 The **width search** treats the early-stopped curve as a user's width sweep: its best width
 and total epochs, against one grown run. The **targets** table judges ``TARGET_ARMS``.
 

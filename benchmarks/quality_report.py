@@ -80,19 +80,23 @@ def width_search_table(summaries: dict[str, dict[str, Any]], arms: tuple[str, ..
 
 def targets_table(rows: list[dict[str, Any]]) -> str:
     """Markdown: the issue's targets per task and judged arm, with a count of each column."""
-    keys = ("at_matched", "above_start", "beats_curves_by_2", "width_search", "spirals_95")
-    lines = ["| task | arm | median | vs_matched | vs_curve | vs_start | >= matched - 0.5 "
-             "| >= start + 1 | >= both curves + 2 | width search | spirals >= 95% |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    keys = ("at_matched", "at_matched_paired", "above_start", "beats_curves_by_2",
+            "width_search", "spirals_95")
+    lines = ["| task | arm | median | vs_matched | paired | vs_curve | vs_start "
+             "| >= matched - 0.5 | paired | >= start + 1 | >= both curves + 2 | width search "
+             "| spirals >= 95% |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['task']} | {r['arm']} | {100 * r['median']:.1f} | "
-                     f"{_fmt(r['vs_matched'])} | {_fmt(r['vs_curve'])} | "
-                     f"{_fmt(r['vs_start'])} | " + " | ".join(_yes(r[k]) for k in keys) + " |")
+                     f"{_fmt(r['vs_matched'])} | {_fmt(r.get('vs_matched_paired'))} | "
+                     f"{_fmt(r['vs_curve'])} | "
+                     f"{_fmt(r['vs_start'])} | " + " | ".join(_yes(r.get(k)) for k in keys) + " |")
     for arm in dict.fromkeys(r["arm"] for r in rows):
         mine = [r for r in rows if r["arm"] == arm]
-        counts = [f"{sum(bool(r[k]) for r in mine)}/{sum(r[k] is not None for r in mine)}"
+        counts = [f"{sum(bool(r.get(k)) for r in mine)}/"
+                  f"{sum(r.get(k) is not None for r in mine)}"
                   for k in keys]
-        lines.append(f"| **met** | {arm} | | | | | " + " | ".join(counts) + " |")
+        lines.append(f"| **met** | {arm} | | | | | | " + " | ".join(counts) + " |")
     return "\n".join(lines)
 
 

@@ -96,6 +96,21 @@ def _compare(arm: dict[str, Any], curve: list[dict[str, Any]], key: str) -> None
             arm["median"] - at)})
 
 
+def paired(runs: list[dict[str, Any]], widths: list[dict[str, Any]],
+           budgeted: bool = False) -> float | None:
+    """Median over seeds of (a run's test accuracy - its own seed's curve at the run's
+    params), in points: the comparison without the spread between the seeds' data splits.
+    ``widths``: curve rows (early-stopped) or matched rows (``budgeted``: each scored after
+    the run's epochs)."""
+    diffs = []
+    for run in runs:
+        points = [{"params": w["params"], "median": at_budget(w["trace"], run["epochs"])
+                   if budgeted else w["test"]} for w in widths if w["seed"] == run["seed"]]
+        if points:
+            diffs.append(100 * (run["test"] - curve_at(points, run["params"])[0]))
+    return float(np.median(diffs)) if diffs else None
+
+
 def summarize(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Per task: both curves, width search, and arms with their statistics and comparisons."""
     out: dict[str, dict[str, Any]] = {}
@@ -118,6 +133,8 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             _compare(arm, curve, "curve")
             budgets = {r["seed"]: r["epochs"] for r in runs}
             _compare(arm, matched_curve(matched, budgets), "matched")
+            arm["vs_curve_paired"] = paired(runs, es_rows)
+            arm["vs_matched_paired"] = paired(runs, matched, budgeted=True)
             # seeds where the arm trained longer than the matched runs did (an arm run on
             # its own, after them): there the curve's budget falls short of the arm's
             arm["matched_short"] = sum(1 for r in matched if budgets.get(r["seed"], 0)
@@ -153,6 +170,8 @@ def summary_rows(summaries: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
                          "dendrites": arm["dendrites"], "neurons": arm["neurons"],
                          "kept": arm["kept"], "runs": arm["runs"], "epochs": arm["epochs"],
                          "vs_curve": vs, "vs_matched": arm.get("vs_matched"),
+                         "vs_matched_paired": arm.get("vs_matched_paired"),
+                         "vs_curve_paired": arm.get("vs_curve_paired"),
                          "matched_short": arm.get("matched_short", 0),
                          "vs_start": start, "beyond_curve": arm.get("beyond_curve"),
                          "reaches_curve": _flag(vs, 0),
@@ -179,9 +198,11 @@ def target_rows(summaries: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
                 "task": task, "arm": arm["name"], "median": arm["median"],
                 "params": arm["params"], "epochs": arm["epochs"], "vs_start": start,
                 "vs_curve": vs_c, "vs_matched": vs_m,
+                "vs_matched_paired": arm.get("vs_matched_paired"),
                 "sweep_epochs": None if search is None else search["sweep_epochs"],
                 "best_width_median": None if search is None else search["best_median"],
                 "at_matched": _flag(vs_m, -0.5),
+                "at_matched_paired": _flag(arm.get("vs_matched_paired"), -0.5),
                 "above_start": _flag(start, 1.0),
                 "beats_curves_by_2": _flag(both, 2.0),
                 "width_search": None if search is None else bool(

@@ -59,6 +59,25 @@ def test_each_arm_meets_the_curve_trained_as_long_as_it_trained_on_each_seed() -
     assert (arms["default"]["matched_short"], arms["short"]["matched_short"]) == (2, 0)
 
 
+def test_the_paired_comparison_meets_each_seed_s_own_curve_at_the_run_s_own_size() -> None:
+    # wine's case: on 3 of 5 seeds the arm scores what that seed's plain network of its size
+    # scores (the median of the per-seed differences: 0), but the seed that does not grow is
+    # one whose wide network gains, so the medians (the arm's 0.9 at a median 400 params,
+    # the curve's 1.0 there) differ by 10 points
+    qs = _stats()
+    acc = {0: (1.0, 1.0), 1: (0.9, 1.0), 2: (0.9, 1.0), 3: (1.0, 1.0), 4: (0.9, 0.9)}
+    rows = [_matched(s, w, p, [[1, acc[s][i]]]) for s in acc
+            for i, (w, p) in enumerate(((4, 100), (16, 400)))]
+    rows += [_curve(s, w, p, acc[s][i], 1) for s in acc
+             for i, (w, p) in enumerate(((4, 100), (16, 400)))]
+    rows += [_arm(s, acc[s][0], 100 if s == 4 else 400, 50) for s in acc]
+    arm = qs.summarize(rows)["t"]["arms"][0]
+    assert arm["vs_matched"] == pytest.approx(-10.0)
+    assert arm["vs_matched_paired"] == pytest.approx(0.0)  # of 0, -10, -10, 0, 0
+    target = qs.target_rows(qs.summarize(rows))[0]
+    assert (target["at_matched"], target["at_matched_paired"]) == (False, True)
+
+
 def test_the_width_search_is_the_whole_sweep_against_one_grown_run() -> None:
     qs = _stats()
     rows = [_curve(s, 4, 100, 0.80, 30) for s in (0, 1, 2)]
