@@ -209,10 +209,16 @@ def table_heldout() -> str:
                     f"{med('grown', 'params'):.0f}", f"{med('grown', 'dendrites'):g}",
                     f"{med('grown', 'neurons'):g}", f"{100 * entry['plain']:.1f}",
                     f"{100 * entry['matched']:.1f}", f"{entry['gap']:+.1f}",
-                    f"{entry['gap_matched']:+.1f}"])
+                    f"{entry['gap_matched']:+.1f}", f"{_heldout_paired(mine):+.1f}"])
     return _rows(["data set", "grown: median test acc", "params", "sets", "neuron steps",
                   "plain of that size, early-stopped", "plain of that size, grown's epochs",
-                  "grown minus plain: early-stopped (points)", "same epochs (points)"], out)
+                  "grown minus plain: early-stopped (points)", "same epochs (points)",
+                  "same epochs, paired by seed (points)"], out)
+
+
+def _heldout_paired(rows: list[dict[str, Any]]) -> float:
+    """Median over seeds of grown minus the same-epochs plain network of that seed."""
+    return statistics.median(100 * (r["grown"]["test"] - r["matched"]["test"]) for r in rows)
 
 
 # ---------------------------------------------------------------------------- convert size
