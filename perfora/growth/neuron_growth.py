@@ -31,7 +31,7 @@ from ..nn.widening import gradmax_rows, widen
 from ..parallel.base import PairScope, ParallelBackend
 from .state import ControllerState
 from .surgery import record_growth
-from .widening_signal import WideningSignal
+from .widening_signal import WideningSignal, signal_shape
 
 
 @dataclass
@@ -136,9 +136,8 @@ def reduce_signal(signal: WideningSignal | None, model: nn.Module,
     if signal is None:
         return {}
     inner = unwrap_model(model)
-    shapes = {path: (_width(inner.get_submodule(targets[path].consumers[0][0]), "out"),
-                     _width(inner.get_submodule(path), "in"))
-              for path in signal.paths if path in targets}
+    shapes = {path: signal_shape(inner, targets[path]) for path in signal.paths
+              if path in targets}
     return signal.reduced(shapes)
 
 
@@ -186,14 +185,6 @@ def grow_neurons(model: nn.Module, config: PerforaConfig, state: ControllerState
         signal.clear()
     record_growth(state, model)
     return step
-
-
-def _width(module: nn.Module, side: str) -> int:
-    """A layer's output ('out') or input ('in') width (HF Conv1D's weight is [in, out])."""
-    core = module.source if isinstance(module, DendriticLayer) else module
-    w = core.weight
-    dims = (1, 0) if is_hf_conv1d(core) else (0, 1)
-    return int(w.shape[dims[0] if side == "out" else dims[1]])
 
 
 def arm_widening_signal(signal: WideningSignal | None, model: nn.Module, may_grow: bool,

@@ -5,10 +5,11 @@ producer's input ``x_P`` and the loss gradient at its consumer's output ``g_C`` 
 :func:`perfora.nn.widening.gradmax_rows`). :class:`WideningSignal` sums that matrix over the
 training passes of an armed epoch (the controller arms it only in the epoch before a growth
 step may come): a forward hook keeps the producer's input of the pass, and a gradient hook on
-the consumer's output adds ``g^T x`` for it. Only a Linear (or HF Conv1D) producer read by one
-Linear (or Conv1D) consumer through elementwise modules has rows that pair up one to one; other
-layers grow with random incoming weights. Sums are reduced over ranks before use, so every
-rank draws the same rows.
+the consumer's output adds ``g^T x`` for it. A Linear (or HF Conv1D) producer read by one
+Linear (or Conv1D) consumer through elementwise modules has rows that pair up one to one; a
+conv read by one conv, or by a Linear after a flatten, has the matrix of
+:mod:`perfora.growth.conv_signal`; other layers grow with random incoming weights. Sums are
+reduced over ranks before use, so every rank draws the same rows.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from ..nn.blocks import is_hf_conv1d
 from ..nn.consumers import LayerPlan
 from ..nn.kernels import functorch_active, vmapped
 from ..nn.layers import DendriticLayer
+from .conv_signal import ConvPair, conv_pair
 
 
 def _core(module: nn.Module) -> nn.Module:
@@ -44,6 +46,23 @@ def pairs_rows(root: nn.Module, entry: LayerPlan) -> bool:
         and _dense(root.get_submodule(consumer))
 
 
+def signal_shape(root: nn.Module, entry: LayerPlan) -> tuple[int, int]:
+    """(rows, columns) of the recorded matrix of a layer with a signal: (the consumer's
+    outputs, the producer's inputs) for a Linear pair, ``ConvPair.shape`` for a conv."""
+    pair = conv_pair(root, entry)
+    if pair is not None:
+        return pair.shape()
+    return (_width(root.get_submodule(entry.consumers[0][0]), "out"),
+            _width(root.get_submodule(entry.path), "in"))
+
+
+def _width(module: nn.Module, side: str) -> int:
+    """A layer's output ('out') or input ('in') width (HF Conv1D's weight is [in, out])."""
+    core = _core(module)
+    dims = (1, 0) if is_hf_conv1d(core) else (0, 1)
+    return int(core.weight.shape[dims[0] if side == "out" else dims[1]])
+
+
 class WideningSignal:
     """Sums ``g_C^T x_P`` per widenable layer while armed (hooks removed when disarmed)."""
 
@@ -52,6 +71,7 @@ class WideningSignal:
         self._inputs: dict[str, torch.Tensor] = {}
         self._sums: dict[str, torch.Tensor] = {}
         self._rows: dict[str, int] = {}
+        self._convs: dict[str, ConvPair] = {}
         self.paths: list[str] = []
 
     @property
@@ -63,7 +83,10 @@ class WideningSignal:
         """Record, for every layer of ``plan`` whose rows pair up, the training passes."""
         if self.armed:
             return
-        self.paths = sorted(p for p, entry in plan.items() if pairs_rows(root, entry))
+        self._convs = {p: pair for p, entry in plan.items()
+                       if (pair := conv_pair(root, entry)) is not None}
+        self.paths = sorted(p for p, entry in plan.items()
+                            if p in self._convs or pairs_rows(root, entry))
         for path in self.paths:
             producer = root.get_submodule(path)
             consumer = root.get_submodule(plan[path].consumers[0][0])
@@ -86,7 +109,7 @@ class WideningSignal:
             if module.training and torch.is_grad_enabled() and args \
                     and isinstance(args[0], torch.Tensor) and not functorch_active():
                 x = args[0].detach()
-                self._inputs[path] = x.reshape(-1, x.shape[-1])
+                self._inputs[path] = x if path in self._convs else x.reshape(-1, x.shape[-1])
         return keep
 
     def _add_product(self, path: str):
@@ -98,13 +121,21 @@ class WideningSignal:
             def on_grad(grad: torch.Tensor) -> None:
                 if vmapped(grad):
                     return
-                g = grad.detach().reshape(-1, grad.shape[-1])
-                if g.shape[0] != x.shape[0]:
-                    return
-                product = g.float().T @ x.float()  # [out, in]
+                pair = self._convs.get(path)
+                if pair is not None:
+                    with torch.no_grad():
+                        found = pair.matrix(x, grad.detach())
+                    if found is None:
+                        return
+                    product, rows = found
+                else:
+                    g = grad.detach().reshape(-1, grad.shape[-1])
+                    if g.shape[0] != x.shape[0]:
+                        return
+                    product, rows = g.float().T @ x.float(), int(g.shape[0])  # [out, in]
                 total = self._sums.get(path)
                 self._sums[path] = product if total is None else total + product
-                self._rows[path] = self._rows.get(path, 0) + int(g.shape[0])
+                self._rows[path] = self._rows.get(path, 0) + rows
 
             output.register_hook(on_grad)
         return add

@@ -117,6 +117,8 @@ class BlockedLayer:
         if not self.blocked():
             return super().forward(x)  # type: ignore[misc]
         if x.is_nested:
+            if isinstance(self, nn.Linear) or is_hf_conv1d(self):  # type: ignore[arg-type]
+                return per_rows(self, x)
             return per_component(self, x)
         return self.blocked_call(x, self.weight, self.bias)  # type: ignore[attr-defined]
 
@@ -185,6 +187,17 @@ def per_component(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """``module`` applied to each tensor of a nested one (``nn.TransformerEncoder`` passes
     padded batches on as nested tensors in inference), nested again."""
     return torch.nested.nested_tensor([module(t) for t in x.unbind()])
+
+
+def per_rows(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """A Linear ``module`` applied to the rows of all of a nested tensor's components in one
+    call, nested again: torch's own nested linear is one product over those rows, and a
+    product per component rounds differently on some CPUs (AVX-512 MKL)."""
+    parts = x.unbind()
+    rows = [p.reshape(-1, p.shape[-1]) for p in parts]
+    out = module(torch.cat(rows)).split([r.shape[0] for r in rows])
+    return torch.nested.nested_tensor([o.reshape(*p.shape[:-1], o.shape[-1])
+                                       for o, p in zip(out, parts, strict=True)])
 
 
 class Blockwise(nn.Module):
