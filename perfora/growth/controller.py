@@ -77,8 +77,8 @@ class GrowthController(OnRequestMethods, OptimizerMethods, CheckpointMethods):
         if config.growth != "dendrites" and not check_neuron_growth(model, self.backend,
                                                                      config):
             self.config = config = config.replace(max_neuron_steps=0)  # auto: dendrites only
-        self._signal = WideningSignal() if config.growth != "dendrites" \
-            and config.neuron_init == "gradmax" else None
+        self._signal = WideningSignal(convs=config.conv_gradmax) \
+            if config.growth != "dendrites" and config.neuron_init == "gradmax" else None
         surgery.apply_activation(layers, config.activation)
         for layer in layers.values():
             layer.remember_frozen_base()  # frozen by the user: stays frozen in every phase

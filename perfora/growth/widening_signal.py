@@ -64,9 +64,11 @@ def _width(module: nn.Module, side: str) -> int:
 
 
 class WideningSignal:
-    """Sums ``g_C^T x_P`` per widenable layer while armed (hooks removed when disarmed)."""
+    """Sums ``g_C^T x_P`` per widenable layer while armed (hooks removed when disarmed);
+    ``convs``: convolutions' matrices too."""
 
-    def __init__(self) -> None:
+    def __init__(self, convs: bool = True) -> None:
+        self.convs = convs  # record convolutions too (PerforaConfig.conv_gradmax)
         self._handles: list[Any] = []
         self._inputs: dict[str, torch.Tensor] = {}
         self._sums: dict[str, torch.Tensor] = {}
@@ -84,7 +86,7 @@ class WideningSignal:
         if self.armed:
             return
         self._convs = {p: pair for p, entry in plan.items()
-                       if (pair := conv_pair(root, entry)) is not None}
+                       if self.convs and (pair := conv_pair(root, entry)) is not None}
         self.paths = sorted(p for p, entry in plan.items()
                             if p in self._convs or pairs_rows(root, entry))
         for path in self.paths:

@@ -89,6 +89,49 @@ def test_neuron_growth_keeps_ranks_identical_with_rank_specific_data(tmp_path):
     assert r0["is_ddp"] and r1["is_ddp"]
 
 
+def grow_conv_neurons_on_rank_data(rank: int, tmp: Path) -> dict:
+    """A small CNN under DDP, each rank on its own images: two GradMax neuron steps."""
+    torch.manual_seed(0)
+    model = perfora.perforate(nn.Sequential(
+        nn.Conv2d(1, 3, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(3, 3, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(3 * 16, 2)))
+    ddp = DDP(model)
+    ctl = perfora.GrowthController(ddp, growth="neurons", switch_mode="every_epoch",
+                                   max_neuron_steps=2, write_files=False, conv_gradmax=True)
+    ctl.set_optimizer(torch.optim.Adam, lr=0.01)
+    opt, _ = ctl.build_optimizer()
+    gen = torch.Generator().manual_seed(rank)
+    x_fixed = torch.randn(4, 1, 8, 8, generator=torch.Generator().manual_seed(9))
+    reasons, diffs, exact = [], [], []
+    for score in (0.5, 0.6):
+        ddp.train()
+        for _ in range(2):
+            x = torch.randn(16, 1, 8, 8, generator=gen)
+            y = (x[:, 0, rank, :].sum(1) > 0).long()  # this rank's own task
+            opt.zero_grad()
+            nn.functional.cross_entropy(ddp(x), y).backward()
+            opt.step()
+        ddp.eval()
+        with torch.no_grad():
+            before = ddp(x_fixed)
+        decision = ctl.step(score, model=ddp)
+        ddp, opt = decision.model, decision.optimizer
+        with torch.no_grad():
+            exact.append(bool(torch.equal(ddp(x_fixed), before)))
+        reasons.append(decision.reason)
+        diffs.append(_rank_diff(ddp))
+    return {"reasons": reasons, "diffs": diffs, "exact": exact}
+
+
+@pytest.mark.timeout(150)
+def test_conv_layers_grow_gradmax_neurons_alike_on_every_rank(tmp_path):
+    r0, r1 = run_in_folder(grow_conv_neurons_on_rank_data, tmp_path, WORLD, join_s=120)
+    assert r0["reasons"] == r1["reasons"]
+    assert r0["reasons"][1] == "plateau: added neuron step 2 (0: +3 gradmax, 3: +3 gradmax)"
+    assert set(r0["diffs"]) == set(r1["diffs"]) == {0.0}
+    assert all(r0["exact"]) and all(r1["exact"])
+
+
 @pytest.mark.timeout(150)
 def test_auto_growth_chooses_alike_on_every_rank(tmp_path):
     r0, r1 = run_in_folder(grow_neurons_on_rank_data, tmp_path, WORLD, "auto", join_s=120)

@@ -1,6 +1,7 @@
-"""GradMax for convolutions: the recorded matrix M gives, for any new incoming kernel w, the
-loss gradient on the reader's new zero weights (M @ w), for a conv reader and for a Linear
-after a flatten; the controller grows conv layers along M's top directions."""
+"""GradMax for convolutions (``conv_gradmax=True``): the recorded matrix M gives, for any new
+incoming kernel w, the loss gradient on the reader's new zero weights (M @ w), for a conv
+reader and for a Linear after a flatten; the controller grows conv layers along M's top
+directions, and by default (off) with random rows, recording nothing for them."""
 
 from __future__ import annotations
 
@@ -73,7 +74,7 @@ def test_the_controller_grows_conv_layers_along_the_recorded_error():
     model = _cnn()
     y = torch.tensor([0, 1, 2, 0, 1, 2])
     ctl = perfora.GrowthController(model, growth="neurons", switch_mode="every_epoch",
-                                   max_neuron_steps=1, write_files=False)
+                                   max_neuron_steps=1, write_files=False, conv_gradmax=True)
     ctl.set_optimizer(torch.optim.SGD, lr=0.0)  # the recorded pass's model is the grown one
     opt, _ = ctl.build_optimizer()
     pair = conv_pair(model, plan_widening(model).layers["3"])
@@ -98,3 +99,16 @@ def test_the_controller_grows_conv_layers_along_the_recorded_error():
     expected = gradmax_rows(want.double(), 4, 1.0)
     cosines = (new_rows * expected).sum(1) / (new_rows.norm(dim=1) * expected.norm(dim=1))
     assert torch.allclose(cosines.abs(), torch.ones(4, dtype=torch.float64), atol=1e-4)
+
+
+def test_by_default_conv_layers_grow_random_rows_and_record_nothing():
+    model = _cnn()
+    ctl = perfora.GrowthController(model, growth="neurons", switch_mode="every_epoch",
+                                   max_neuron_steps=1, write_files=False)
+    ctl.set_optimizer(torch.optim.SGD, lr=0.1)
+    opt, _ = ctl.build_optimizer()
+    assert ctl._signal is not None and not ctl._signal.paths  # armed, but no conv recorded
+    nn.functional.cross_entropy(model(X), torch.tensor([0, 1, 2, 0, 1, 2])).backward()
+    opt.step()
+    decision = ctl.step(0.5)
+    assert "0: +4 random" in decision.reason and "3: +4 random" in decision.reason
