@@ -15,6 +15,7 @@ gradient.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -36,7 +37,8 @@ _AVG = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}
 _ADAPTIVE_AVG = {1: F.adaptive_avg_pool1d, 2: F.adaptive_avg_pool2d, 3: F.adaptive_avg_pool3d}
 
 
-def _core(module: nn.Module) -> nn.Module:
+def core_layer(module: nn.Module) -> nn.Module:
+    """The plain layer inside a dendritic one (the module itself otherwise)."""
     return module.source if isinstance(module, DendriticLayer) else module
 
 
@@ -56,7 +58,8 @@ def _padding(conv: nn.Module) -> tuple[int, ...] | None:
     return tuple(conv.padding)
 
 
-def _pool_surrogate(pool: nn.Module, dims: int):
+def _pool_surrogate(pool: nn.Module, dims: int
+                    ) -> Callable[[torch.Tensor], torch.Tensor] | None:
     """The linear stand-in for a pooling module (max pooling as average pooling of its
     windows), or None when it has none here."""
     name = type(pool).__name__
@@ -80,7 +83,7 @@ class ConvPair:
     producer: nn.Module
     reader: nn.Module
     repeat: int
-    pools: list
+    pools: list[Callable[[torch.Tensor], torch.Tensor]]
 
     @property
     def width(self) -> int:
@@ -129,9 +132,9 @@ def conv_pair(root: nn.Module, entry: LayerPlan) -> ConvPair | None:
     elementwise modules, dropout, BatchNorm and pooling only; None otherwise (random rows)."""
     if not entry.widenable or entry.partners or len(entry.consumers) != 1:
         return None
-    producer = _core(root.get_submodule(entry.path))
+    producer = core_layer(root.get_submodule(entry.path))
     reader_path, repeat = entry.consumers[0]
-    reader = _core(root.get_submodule(reader_path))
+    reader = core_layer(root.get_submodule(reader_path))
     if not isinstance(producer, CONV_TYPES) or producer.groups != 1 \
             or _padding(producer) is None:
         return None

@@ -24,16 +24,11 @@ from ..distributed.collectives import all_reduce_values
 from ..nn.blocks import is_hf_conv1d
 from ..nn.consumers import LayerPlan
 from ..nn.kernels import functorch_active, vmapped
-from ..nn.layers import DendriticLayer
-from .conv_signal import ConvPair, conv_pair
-
-
-def _core(module: nn.Module) -> nn.Module:
-    return module.source if isinstance(module, DendriticLayer) else module
+from .conv_signal import ConvPair, conv_pair, core_layer
 
 
 def _dense(module: nn.Module) -> bool:
-    core = _core(module)
+    core = core_layer(module)
     return isinstance(core, nn.Linear) or is_hf_conv1d(core)
 
 
@@ -58,7 +53,7 @@ def signal_shape(root: nn.Module, entry: LayerPlan) -> tuple[int, int]:
 
 def _width(module: nn.Module, side: str) -> int:
     """A layer's output ('out') or input ('in') width (HF Conv1D's weight is [in, out])."""
-    core = _core(module)
+    core = core_layer(module)
     dims = (1, 0) if is_hf_conv1d(core) else (0, 1)
     return int(core.weight.shape[dims[0] if side == "out" else dims[1]])
 

@@ -16,7 +16,8 @@ INT_SETTINGS = {"n_epochs_to_switch": 1, "history_lookback": 1, "fixed_switch_nu
                 "max_dendrites": 0, "max_dendrite_tries": 1, "candidate_pool": 1,
                 "candidate_steps": 0, "signal_rows": 16, "correlation_patience": 1,
                 "seed": 0, "latest_every": 1}
-BOOL_SETTINGS = ["maximize", "retain_all_dendrites", "capacity_test", "save_checkpoints"]
+BOOL_SETTINGS = ["maximize", "retain_all_dendrites", "capacity_test", "save_checkpoints",
+                 "conv_gradmax"]
 
 
 def test_defaults_are_valid_and_round_trip_through_json():

@@ -29,21 +29,29 @@ def _rank_diff(model: nn.Module) -> float:
     return max((g - gathered[0]).abs().max().item() for g in gathered)
 
 
+def _rank_task(rank: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch of this rank's own task: 6 inputs, 3 classes."""
+    x = torch.randn(32, 6, generator=gen)
+    return x, (x[:, 2 * rank] > 0).long() + (x[:, 1 + rank] > 1).long()
+
+
 def _grow_on_rank_data(ddp: nn.Module, ctl: perfora.GrowthController, rank: int,
-                       scores: tuple[float, ...]) -> tuple[nn.Module, list, list, list]:
-    """One epoch per score: 3 Adam steps on this rank's own task (6 inputs, 3 classes), then
+                       scores: tuple[float, ...], batch=_rank_task,
+                       x_fixed: torch.Tensor | None = None
+                       ) -> tuple[nn.Module, list, list, list]:
+    """One epoch per score: 3 Adam steps on this rank's own task (``batch(rank, gen)``), then
     ``ctl.step(score)``. Returns the model, each step's reason, the largest difference
     between ranks' parameters and whether a fixed batch's output stayed bit-identical."""
     ctl.set_optimizer(torch.optim.Adam, lr=0.01)
     opt, _ = ctl.build_optimizer()
     gen = torch.Generator().manual_seed(rank)
-    x_fixed = torch.randn(8, 6, generator=torch.Generator().manual_seed(9))
+    if x_fixed is None:
+        x_fixed = torch.randn(8, 6, generator=torch.Generator().manual_seed(9))
     reasons, diffs, exact = [], [], []
     for score in scores:
         ddp.train()
         for _ in range(3):
-            x = torch.randn(32, 6, generator=gen)
-            y = (x[:, 2 * rank] > 0).long() + (x[:, 1 + rank] > 1).long()  # rank's own task
+            x, y = batch(rank, gen)
             opt.zero_grad()
             nn.functional.cross_entropy(ddp(x), y).backward()
             opt.step()
@@ -89,6 +97,12 @@ def test_neuron_growth_keeps_ranks_identical_with_rank_specific_data(tmp_path):
     assert r0["is_ddp"] and r1["is_ddp"]
 
 
+def _image_task(rank: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch of this rank's own image task: 1x8x8 images, 2 classes."""
+    x = torch.randn(16, 1, 8, 8, generator=gen)
+    return x, (x[:, 0, rank, :].sum(1) > 0).long()
+
+
 def grow_conv_neurons_on_rank_data(rank: int, tmp: Path) -> dict:
     """A small CNN under DDP, each rank on its own images: two GradMax neuron steps."""
     torch.manual_seed(0)
@@ -98,28 +112,9 @@ def grow_conv_neurons_on_rank_data(rank: int, tmp: Path) -> dict:
     ddp = DDP(model)
     ctl = perfora.GrowthController(ddp, growth="neurons", switch_mode="every_epoch",
                                    max_neuron_steps=2, write_files=False, conv_gradmax=True)
-    ctl.set_optimizer(torch.optim.Adam, lr=0.01)
-    opt, _ = ctl.build_optimizer()
-    gen = torch.Generator().manual_seed(rank)
     x_fixed = torch.randn(4, 1, 8, 8, generator=torch.Generator().manual_seed(9))
-    reasons, diffs, exact = [], [], []
-    for score in (0.5, 0.6):
-        ddp.train()
-        for _ in range(2):
-            x = torch.randn(16, 1, 8, 8, generator=gen)
-            y = (x[:, 0, rank, :].sum(1) > 0).long()  # this rank's own task
-            opt.zero_grad()
-            nn.functional.cross_entropy(ddp(x), y).backward()
-            opt.step()
-        ddp.eval()
-        with torch.no_grad():
-            before = ddp(x_fixed)
-        decision = ctl.step(score, model=ddp)
-        ddp, opt = decision.model, decision.optimizer
-        with torch.no_grad():
-            exact.append(bool(torch.equal(ddp(x_fixed), before)))
-        reasons.append(decision.reason)
-        diffs.append(_rank_diff(ddp))
+    _, reasons, diffs, exact = _grow_on_rank_data(ddp, ctl, rank, (0.5, 0.6), _image_task,
+                                                  x_fixed)
     return {"reasons": reasons, "diffs": diffs, "exact": exact}
 
 
