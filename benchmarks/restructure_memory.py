@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import platform
 import sys
 import tempfile
@@ -38,7 +37,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
-from rss import MALLOC_ENV, peak_rss_bytes, reset_peak_rss, rss_bytes
+from rss import malloc_env, peak_rss_bytes, reset_peak_rss, rss_bytes
 from torch import nn
 
 OUTPUT = "restructure_memory.json"
@@ -163,10 +162,10 @@ def measure(mode: str, width: int, layers: int, world: int = 2, batch: int = 16)
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     spec = {"mode": mode, "width": width, "layers": layers, "batch": batch}
-    os.environ.update(MALLOC_ENV)  # read by each new process's allocator at its start
     with tempfile.TemporaryDirectory() as tmp:
-        ctx = mp.start_processes(_entry, args=(world, str(Path(tmp, "store")), spec, tmp),
-                                 nprocs=world, join=False, start_method="spawn")
+        with malloc_env():  # read by each new process's allocator at its start
+            ctx = mp.start_processes(_entry, args=(world, str(Path(tmp, "store")), spec, tmp),
+                                     nprocs=world, join=False, start_method="spawn")
         deadline = time.monotonic() + JOIN_S
         try:
             while not ctx.join(timeout=1):

@@ -8,7 +8,9 @@ the mark follows the tensors alive, not what the allocator kept.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}
 
@@ -32,3 +34,19 @@ def peak_rss_bytes() -> int:
             if line.startswith("VmHWM:"):
                 return int(line.split()[1]) * 1024
     raise RuntimeError("no VmHWM in /proc/self/status")
+
+
+@contextlib.contextmanager
+def malloc_env() -> Iterator[None]:
+    """``MALLOC_ENV`` in this process's environment while processes are started in the block
+    (``spawn`` copies it), restored afterwards: the caller's later children keep their own."""
+    saved = {key: os.environ.get(key) for key in MALLOC_ENV}
+    os.environ.update(MALLOC_ENV)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
