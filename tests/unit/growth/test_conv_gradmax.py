@@ -57,10 +57,38 @@ def test_the_matrix_gives_the_gradient_on_the_new_zero_weights(between, reader, 
     assert torch.allclose(got, matrix @ w[0], rtol=1e-4, atol=1e-4)
 
 
-def test_a_conv_the_estimate_cannot_follow_grows_random_rows():
-    model = nn.Sequential(nn.Conv2d(3, 5, 3, padding=1), nn.ReLU(),
-                          nn.Conv2d(5, 4, 3, padding=1, padding_mode="reflect"))
-    assert conv_pair(model, plan_widening(model).layers["0"]) is None
+@pytest.mark.parametrize("layers", [
+    [nn.Conv2d(3, 5, 3, padding=1), nn.ReLU(),
+     nn.Conv2d(5, 4, 3, padding=1, padding_mode="reflect")],
+    [nn.Conv2d(3, 5, 3, padding=1, padding_mode="circular"), nn.ReLU(), nn.Conv2d(5, 4, 1)],
+    [nn.Conv2d(3, 5, 2, padding="same"), nn.ReLU(), nn.Conv2d(5, 4, 1)],
+    [nn.Conv2d(3, 5, 3, padding=1), nn.MaxPool2d(2, dilation=2), nn.Conv2d(5, 4, 1)],
+], ids=["reflect-reader", "circular-producer", "same-even-kernel", "dilated-maxpool"])
+def test_a_conv_the_estimate_cannot_follow_grows_random_rows(layers):
+    model = nn.Sequential(*layers)
+    entry = plan_widening(model).layers["0"]
+    assert entry.widenable and conv_pair(model, entry) is None
+
+
+@pytest.mark.parametrize("x, g", [
+    (X[0], torch.zeros(4, 8, 8)),  # an unbatched input
+    (X, torch.zeros(5, 4, 8, 8)),  # the gradient of another batch
+    (torch.zeros(6, 2, 8, 8), torch.zeros(6, 4, 8, 8)),  # a producer since changed
+    (X, torch.zeros(6, 3, 8, 8)),  # a reader since changed
+], ids=["unbatched", "other-batch", "producer-changed", "reader-changed"])
+def test_a_pass_whose_shapes_do_not_fit_gives_no_matrix(x, g):
+    model = nn.Sequential(nn.Conv2d(3, 5, 3, padding=1), nn.ReLU(), nn.Conv2d(5, 4, 3, padding=1))
+    pair = conv_pair(model, plan_widening(model).layers["0"])
+    assert pair is not None and pair.matrix(x, g) is None
+
+
+def test_a_linear_reader_whose_flattened_size_changed_gives_no_matrix():
+    model = nn.Sequential(nn.Conv2d(3, 5, 3, padding=1), nn.Flatten(), nn.Linear(5 * 64, 4))
+    pair = conv_pair(model, plan_widening(model).layers["0"])
+    assert pair is not None and pair.matrix(X, torch.zeros(6, 4)) is not None
+    small = X[:, :, :4, :4]  # 16 positions, where the reader was planned for 64
+    assert pair.matrix(small, torch.zeros(6, 4)) is None
+    assert pair.matrix(X, torch.zeros(6, 4, 1)) is None  # not one row per sample
 
 
 def _cnn() -> nn.Module:
