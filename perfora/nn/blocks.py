@@ -147,8 +147,36 @@ class BlockedLayer:
             return blocked_apply(x, weight, bias, outs, ins, x_axis=-1, out_axis=-1,
                                  w_out=0, w_in=1, op=F.linear)
         axis = 0 if x.dim() == weight.dim() - 1 else 1  # unbatched conv input
+        if self.groups != 1:  # type: ignore[attr-defined]
+            return depthwise_blocks(self, x, weight, bias, outs, axis)
         return blocked_apply(x, weight, bias, outs, ins, x_axis=axis, out_axis=axis,
                              w_out=0, w_in=1, op=self._conv_forward)  # type: ignore[attr-defined]
+
+
+_CONV_CALLS = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
+
+
+def depthwise_blocks(conv: nn.Module, x: torch.Tensor, weight: torch.Tensor,
+                     bias: torch.Tensor | None, out_blocks: list[int],
+                     axis: int) -> torch.Tensor:
+    """A widened depthwise conv (one input channel per group, one output per channel)
+    computed block by block: each block of channels is the call the narrow conv made, with
+    as many groups as the block has channels, so the old channels keep their bits."""
+    outs = []
+    whole = len(out_blocks) == 1
+    for start, length in spans(out_blocks):
+        xi = piece(x, axis, start, length, whole)
+        if conv.padding_mode != "zeros":  # type: ignore[attr-defined]
+            xi = F.pad(xi, conv._reversed_padding_repeated_twice,  # type: ignore[attr-defined]
+                       mode=conv.padding_mode)  # type: ignore[attr-defined]
+            padding: Any = 0
+        else:
+            padding = conv.padding  # type: ignore[attr-defined]
+        b = None if bias is None else piece(bias, 0, start, length, whole)
+        outs.append(_CONV_CALLS[weight.dim() - 2](
+            xi, piece(weight, 0, start, length, whole), b, conv.stride,  # type: ignore[attr-defined]
+            padding, conv.dilation, length))  # type: ignore[attr-defined]
+    return outs[0] if whole else joined(outs, axis, outs[0])
 
 
 class BlockedBatchNorm:

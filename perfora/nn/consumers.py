@@ -10,8 +10,9 @@ input columns. The readers are found, in this order:
 2. the known Transformer feed-forward pairs (:mod:`perfora.nn.known_blocks`: torch's
    encoder/decoder layers, BERT, GPT-2, Llama, T5, the ViT and CLIP MLPs); only the hidden
    width grows, never ``d_model``;
-3. ``nn.Sequential`` chains through activations, dropout, pooling, BatchNorm and ``Flatten``,
-   and into transformers' ``*ConvLayer`` modules (ResNet);
+3. ``nn.Sequential`` chains through activations, dropout, pooling, BatchNorm, depthwise convs
+   (which gain channels of their own) and ``Flatten``, and into transformers' ``*ConvLayer``
+   modules (ResNet);
 4. ``torch.fx`` symbolic tracing, where the model traces; it also follows a chain that
    leaves its ``nn.Sequential`` before the reader (VGG's ``features`` -> ``classifier``).
 
@@ -52,6 +53,8 @@ from .plan_types import (
     LayerPlan,
     WideningPlan,
     axis_of,
+    grouped_reason,
+    is_grouped_conv,
     is_producer,
     parametrized,
     refuse,
@@ -260,6 +263,11 @@ def _follow(pre: str, name: str, producer: nn.Module,
                                      f"{width} outputs", by)
             entry.consumers.append((cpath, have // width))
             return entry
+        elif is_grouped_conv(child):
+            why = grouped_reason(cpath, child, width, axis, flat)
+            if why:
+                return refuse(path, why, by)
+            entry.through.append((cpath, axis))
         elif isinstance(child, JOINT_NORMS):
             return refuse(path, f"its outputs are normalised jointly by {cpath} "
                                  f"({type(child).__name__})", by)
@@ -331,13 +339,7 @@ def _after_flatten(path: str, module: nn.Module) -> str | None:
 
 
 def _unknown_reader(path: str, module: nn.Module) -> str:
-    """Why a widening stops at ``module``: a grouped conv (MobileNet's and EfficientNet's
-    depthwise convs) cannot take new input channels; anything else is unknown."""
-    core = module.source if isinstance(module, DendriticLayer) else module
-    groups = getattr(core, "groups", 1)
-    if isinstance(core, CONV_TYPES) and groups != 1:
-        return (f"its output goes to {path}, a grouped convolution (groups={groups}, as in a "
-                "depthwise-separable block): a widening cannot give it new input channels")
+    """Why a widening stops at ``module``: its use of new neurons is unknown."""
     return (f"its output goes to {path} ({type(module).__name__}), whose use of new neurons "
             "is unknown; pass pairs=")
 
@@ -367,7 +369,12 @@ def _follow_graph(model: nn.Module, start: torch.fx.Node) -> LayerPlan:
                                          f"its {width} outputs", by)
                 entry.consumers.append((target, have // width))
                 continue
-            if isinstance(module, BN_TYPES):
+            if is_grouped_conv(module):
+                why = grouped_reason(target, module, width, axis, flat)
+                if why:
+                    return refuse(path, why, by)
+                entry.through.append((target, axis))
+            elif isinstance(module, BN_TYPES):
                 entry.through.append((target, 1))
             elif isinstance(module, (*ELEMENTWISE, *DROPOUT, *POOLING)):
                 if flat:

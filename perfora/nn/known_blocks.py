@@ -1,6 +1,8 @@
 """The feed-forward pairs of known Transformer blocks (torch's, BERT, GPT-2, Llama, T5, ViT and
 CLIP MLPs): which hidden layer gains neurons and what reads it, and refusals for the rest of
-those blocks (the residual width, attention projections). Only the hidden width grows."""
+those blocks (the residual width, attention projections). Only the hidden width grows. Also
+the inverted residual blocks of transformers' MobileNetV2 and MobileViT
+(:mod:`perfora.nn.inverted_residual`), whose expansion widens through the depthwise conv."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from torch import nn
 
 from .block_check import checked_block
 from .blocks import is_hf_conv1d
+from .inverted_residual import inverted_residual
 from .layers import DendriticLayer
 from .plan_types import ATTENTION_NAMES, RESIDUAL, LayerPlan, is_producer, refuse
 
@@ -21,7 +24,10 @@ def known_blocks(model: nn.Module) -> list[LayerPlan]:
         def has(*names: str, _m=m) -> bool:
             return all(_has_path(_m, n) for n in names)
 
-        if isinstance(m, nn.TransformerEncoderLayer | nn.TransformerDecoderLayer):
+        convs = inverted_residual(m, pre)
+        if convs is not None:
+            out.extend(convs)
+        elif isinstance(m, nn.TransformerEncoderLayer | nn.TransformerDecoderLayer):
             out.append(LayerPlan(pre + "linear1", True, consumers=[(pre + "linear2", 1)],
                                  through=[(pre + "activation", -1), (pre + "dropout", -1)],
                                  found_by="nn.Transformer block"))

@@ -19,7 +19,7 @@ from torch import nn
 from ..errors import PerforationError
 from .blocks import BN_TYPES, BlockedBatchNorm, BlockedLayer, Blockwise, is_hf_conv1d
 from .layers import DendriticLayer
-from .plan_types import WIDTH_EXACT
+from .plan_types import WIDTH_EXACT, is_grouped_conv
 
 
 def narrow_widenings(root: nn.Module, path: str, keep: int) -> None:
@@ -111,8 +111,46 @@ def _shrink_dendritic_producer(layer: DendriticLayer, k: int, path: str) -> None
                 raise PerforationError(f"{path}: dendrites grown after the widening feed its "
                                        "new neurons; remove those dendrite sets first")
             layer.dendrite_mask = layer.dendrite_mask[:, :keep].clone()
-        _cut_param(layer, "out_weight", 1, keep, lambda d: layer._new_param(d, "out"))
-        _cut_param(layer, "cascade", 1, keep, lambda d: layer._new_param(d, "cascade"))
+        _cut_columns(layer, keep)
+
+
+def _cut_columns(layer: DendriticLayer, keep: int) -> None:
+    """``v`` and the cascade keep their first ``keep`` columns."""
+    _cut_param(layer, "out_weight", 1, keep, lambda d: layer._new_param(d, "out"))
+    _cut_param(layer, "cascade", 1, keep, lambda d: layer._new_param(d, "cascade"))
+
+
+def _shrink_depthwise(module: nn.Module, k: int, path: str) -> None:
+    """A depthwise conv a widening passed through gives back its k newest channels (and a
+    dendritic one its sets' rows for them)."""
+    core = _core(module)
+    outs = _last_block(getattr(core, "out_blocks", None), k, path)
+    size = core.weight.shape[0] - k
+    with torch.no_grad():
+        _cut_param(core, "weight", 0, size)
+        _cut_param(core, "bias", 0, size)
+    for attr in ("in_channels", "out_channels", "groups"):
+        setattr(core, attr, getattr(core, attr) - k)
+    core.out_blocks = outs
+    _unblock_if_whole(core)
+    if not isinstance(module, DendriticLayer):
+        return
+    if module.grouped:
+        _shrink_bn(module.base[1], k, path)
+    if module.has_candidate:
+        module.merge_candidate()
+    n, kd = module.num_neurons, module.num_dendrites
+    module.num_neurons = n - k
+    module._index_cache = None
+    if kd == 0:
+        return
+    with torch.no_grad():
+        cut = {"bank_weight": module.bank_weight, "bank_bias": module.bank_bias}
+        for name, t in cut.items():
+            if t is not None:
+                rows = t.detach().unflatten(0, (n, kd, 1))[:n - k].flatten(0, 2).clone()
+                setattr(module, name, module._new_param(rows, "bank"))
+        _cut_columns(module, n - k)
 
 
 def _shrink_consumer(module: nn.Module, extra: int, path: str) -> None:
@@ -168,6 +206,9 @@ def _shrink_through(root: nn.Module, path: str, k: int) -> None:
     target = getattr(parent, attr)
     if isinstance(target, BN_TYPES):
         _shrink_bn(target, k, path)
+        return
+    if is_grouped_conv(target):
+        _shrink_depthwise(target, k, path)
         return
     if isinstance(target, WIDTH_EXACT):
         return  # a widening left it as it was

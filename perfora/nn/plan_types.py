@@ -85,6 +85,32 @@ def is_producer(module: nn.Module) -> bool:
     return isinstance(module, nn.Linear) or is_hf_conv1d(module)
 
 
+def is_grouped_conv(module: nn.Module) -> bool:
+    """A Conv with groups > 1, plain or wrapped as a dendritic layer."""
+    core = module.source if isinstance(module, DendriticLayer) else module
+    return isinstance(core, CONV_TYPES) and core.groups != 1
+
+
+def grouped_reason(path: str, module: nn.Module, width: int, axis: int,
+                    flat: bool) -> str | None:
+    """None where a widening passes through the grouped conv at ``path``: a depthwise conv
+    (MobileNet's, EfficientNet's) with one output per channel over exactly the producer's
+    channels, which gains k channels of its own (random filters: the reader after it gains
+    zero columns); else why not."""
+    core = module.source if isinstance(module, DendriticLayer) else module
+    g, n_in, n_out = core.groups, core.in_channels, core.out_channels
+    if axis == -1 or flat:
+        return (f"its output goes to {path}, a grouped convolution, on an axis other than "
+                "its channels")
+    if not g == n_in == n_out:
+        return (f"its output goes to {path}, a grouped convolution (groups={g}, {n_in} in, "
+                f"{n_out} out): a widening passes only through a depthwise conv with one "
+                "output per input channel")
+    if n_in != width:
+        return f"{path} reads {n_in} channels, not its {width}"
+    return None
+
+
 def parametrized(module: nn.Module) -> bool:
     """True when a layer's weight is computed by a parametrization (``weight_norm``,
     ``spectral_norm``, ``torch.nn.utils.parametrize``; old or new style)."""

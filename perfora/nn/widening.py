@@ -33,7 +33,7 @@ from .blocks import BN_TYPES, CONV_TYPES, Blockwise, is_hf_conv1d, make_blocked
 from .consumers import LayerPlan, plan_widening
 from .layers import DendriticLayer, dendritic_layers, unwrap_model
 from .narrowing import narrow_widenings
-from .plan_types import WIDTH_EXACT
+from .plan_types import WIDTH_EXACT, is_grouped_conv
 
 
 def gradmax_init(x: torch.Tensor, g_y: torch.Tensor, k: int, scale: float) -> torch.Tensor:
@@ -111,7 +111,7 @@ def widen(model: nn.Module, layer: str | LayerPlan, k: int,
     for path, repeat in entry.consumers:
         widen_consumer(inner.get_submodule(path), k * repeat)
     for path, axis in entry.through:
-        _widen_through(inner, path, axis, k, width)
+        _widen_through(inner, path, axis, k, width, generator)
     record = getattr(inner.get_submodule(entry.path), "widenings", None)
     event = {"k": k, **{key: value for key, value in asdict(entry).items()
                         if key in ("consumers", "through", "partners")}}
@@ -251,12 +251,54 @@ def _widen_dendritic_producer(layer: DendriticLayer, k: int,
         else:
             mask = layer.dendrite_mask
             layer.dendrite_mask = torch.cat([mask, mask.new_zeros(kd, k)], 1)
-        layer.out_weight = layer._new_param(torch.cat(
-            [layer.out_weight.detach(), layer.out_weight.new_zeros(kd, k)], 1), "out")
-        if layer.cascade is not None:
-            layer.cascade = layer._new_param(torch.cat(
-                [layer.cascade.detach(), layer.cascade.new_zeros(layer.cascade.shape[0], k)],
-                1), "cascade")
+        _zero_columns(layer, k)
+
+
+def _zero_columns(layer: DendriticLayer, k: int) -> None:
+    """``v`` and the cascade gain k zero columns: the new neurons take no dendrite's output."""
+    layer.out_weight = layer._new_param(torch.cat(
+        [layer.out_weight.detach(), layer.out_weight.new_zeros(layer.out_weight.shape[0], k)],
+        1), "out")
+    if layer.cascade is not None:
+        layer.cascade = layer._new_param(torch.cat(
+            [layer.cascade.detach(), layer.cascade.new_zeros(layer.cascade.shape[0], k)],
+            1), "cascade")
+
+
+def _widen_depthwise(module: nn.Module, k: int, generator: torch.Generator | None) -> None:
+    """k more channels on a depthwise conv between producer and reader: random filters (the
+    conv's own init scale), zero biases, computed block by block. A dendritic one's sets gain
+    random rows for them (its bank is laid out group by group) and zero ``v`` columns."""
+    core = _core(module)
+    outs, _ = _blocks_of(core)
+    with torch.no_grad():
+        _grow_param(core, "weight", _fresh_rows(core, k, None, generator), 0)
+        if core.bias is not None:
+            _grow_param(core, "bias", torch.zeros(k), 0)
+    for attr in ("in_channels", "out_channels", "groups"):
+        setattr(core, attr, getattr(core, attr) + k)
+    make_blocked(core)
+    core.out_blocks = [*outs, k]
+    if not isinstance(module, DendriticLayer):
+        return
+    if module.grouped:
+        _widen_bn(module.base[1], k)
+    if module.has_candidate:
+        module.merge_candidate()
+    n, kd = module.num_neurons, module.num_dendrites
+    module.num_neurons = n + k
+    module._index_cache = None
+    if kd == 0:
+        return
+    with torch.no_grad():
+        bank = module.bank_weight.detach().unflatten(0, (n, kd, 1))  # [groups, sets, 1, ...]
+        fresh = _fresh_rows(core, k * kd, None, generator).reshape(k, *bank.shape[1:])
+        module.bank_weight = module._new_param(torch.cat([bank, fresh]).flatten(0, 2), "bank")
+        if module.bank_bias is not None:
+            bias = module.bank_bias.detach().unflatten(0, (n, kd, 1))
+            module.bank_bias = module._new_param(
+                torch.cat([bias, bias.new_zeros(k, kd, 1)]).flatten(0, 2), "bank")
+        _zero_columns(module, k)
 
 
 def widen_consumer(module: nn.Module, extra: int) -> None:
@@ -305,14 +347,19 @@ def _widen_bn(bn: nn.Module, k: int) -> None:
     bn.out_blocks = [*blocks, k]
 
 
-def _widen_through(root: nn.Module, path: str, axis: int, k: int, width: int) -> None:
-    """A module or function between producer and consumer: BatchNorm gains channels, relu
-    (exact whatever the width) stays, anything else is applied block by block."""
+def _widen_through(root: nn.Module, path: str, axis: int, k: int, width: int,
+                   generator: torch.Generator | None = None) -> None:
+    """A module or function between producer and consumer: BatchNorm gains channels, a
+    depthwise conv gains channels of its own, relu (exact whatever the width) stays, anything
+    else is applied block by block."""
     parent_path, _, attr = path.rpartition(".")
     parent = root.get_submodule(parent_path) if parent_path else root
     target = getattr(parent, attr)
     if isinstance(target, BN_TYPES):
         _widen_bn(target, k)
+        return
+    if is_grouped_conv(target):
+        _widen_depthwise(target, k, generator)
         return
     if isinstance(target, Blockwise):
         target.out_blocks = [*target.out_blocks, k]

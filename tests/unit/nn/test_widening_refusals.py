@@ -281,31 +281,6 @@ def test_pairs_that_leave_out_a_batchnorm_on_the_way_are_refused_before_any_chan
         assert torch.equal(model(x), before)
 
 
-class _Depthwise(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.expand = nn.Conv2d(3, 8, 1)
-        self.dw = nn.Conv2d(8, 8, 3, padding=1, groups=8)
-        self.project = nn.Conv2d(8, 4, 1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.project(torch.relu(self.dw(torch.relu(self.expand(x)))))
-
-
-@pytest.mark.parametrize("kind", ["sequential", "fx"])
-def test_a_depthwise_reader_is_refused_with_the_reason(kind):
-    if kind == "sequential":
-        model = perfora.perforate(nn.Sequential(
-            nn.Conv2d(3, 8, 1), nn.BatchNorm2d(8), nn.ReLU6(),
-            nn.Conv2d(8, 8, 3, groups=8, padding=1), nn.ReLU6(), nn.Conv2d(8, 4, 1)))
-        producer, reader = "0", "3"
-    else:
-        model, producer, reader = perfora.perforate(_Depthwise()), "expand", "dw"
-    reason = perfora.plan_widening(model).refused[producer]
-    assert reason == (f"its output goes to {reader}, a grouped convolution (groups=8, as in a "
-                      "depthwise-separable block): a widening cannot give it new input channels")
-
-
 def test_pairs_for_one_half_of_a_gated_block_are_refused_before_any_change():
     # gate_proj alone gained units that its partner up_proj did not: the product failed
     model = _LlamaLikeMLP()

@@ -1,0 +1,227 @@
+"""Neuron growth through a depthwise conv (MobileNet's and EfficientNet's inverted residual
+blocks): the expanding conv gains channels, the depthwise conv after it gains channels of its
+own, the projection reads them through zero columns. The output keeps its bits, a rewind gives
+everything back, and the widened model saves, loads, exports and trains under the controller."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import perfora
+from perfora.integrations.transformers import load_grown_pretrained
+from perfora.nn.narrowing import narrow_widenings
+from tests.support.zoo import hf_models
+
+X = torch.randn(4, 3, 8, 8, generator=torch.Generator().manual_seed(0))
+
+
+def _chain(dw: nn.Module | None = None) -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 1), nn.BatchNorm2d(8), nn.ReLU6(),
+        dw if dw is not None else nn.Conv2d(8, 8, 3, padding=1, groups=8),
+        nn.BatchNorm2d(8), nn.ReLU6(), nn.Conv2d(8, 4, 1))
+
+
+class _Functional(nn.Module):
+    """Found by torch.fx: relu functions between the layers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.expand = nn.Conv2d(3, 8, 1)
+        self.dw = nn.Conv2d(8, 8, 3, padding=1, groups=8, padding_mode="reflect")
+        self.project = nn.Conv2d(8, 3, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.project(torch.relu(self.dw(torch.relu(self.expand(x)))))
+
+
+class _TorchvisionStyle(nn.Module):
+    """torchvision's InvertedResidual: Sequentials of (conv, BN, act) inside a Sequential,
+    then a residual add that fx finds after the projection."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = nn.Sequential(
+            nn.Sequential(nn.Conv2d(3, 12, 1, bias=False), nn.BatchNorm2d(12), nn.SiLU()),
+            nn.Sequential(nn.Conv2d(12, 12, 3, stride=2, padding=1, groups=12, bias=False),
+                          nn.BatchNorm2d(12), nn.SiLU()),
+            nn.Conv2d(12, 3, 1, bias=False), nn.BatchNorm2d(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.avg_pool2d(x, 2) + self.conv(x)
+
+
+CASES = {
+    "sequential": (lambda: _chain(), "0", "3", "6"),
+    "fx-reflect-padding": (_Functional, "expand", "dw", "project"),
+    "torchvision-style": (_TorchvisionStyle, "conv.0.0", "conv.1.0", "conv.2"),
+}
+
+
+def _depthwise(model: nn.Module, path: str) -> nn.Conv2d:
+    module = model.get_submodule(path)
+    return module.source if isinstance(module, perfora.DendriticLayer) else module
+
+
+@pytest.mark.parametrize("perforated", [False, True], ids=["plain", "perforated"])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_widening_passes_a_depthwise_conv_with_the_output_bit_identical(case, perforated):
+    build, producer, dw, reader = CASES[case]
+    model = build()
+    if perforated:
+        model = perfora.perforate(model)
+    entry = perfora.plan_widening(model).layers[producer]
+    assert entry.widenable, entry.reason
+    assert entry.consumers == [(reader, 1)] and dw in [p for p, _ in entry.through]
+    width = _depthwise(model, dw).in_channels
+    for mode in ("eval", "train"):  # train: BatchNorm's batch statistics per block
+        getattr(model, mode)()
+        with torch.no_grad():
+            before = model(X)
+            perfora.widen(model, producer, 3)
+            assert torch.equal(model(X), before), mode
+            conv = _depthwise(model, dw)
+            assert (conv.in_channels, conv.out_channels, conv.groups) == (width + 3,) * 3
+            assert conv.weight[width:].abs().sum() > 0  # new filters: random, not zero
+            narrow_widenings(model, producer, 0)
+            assert torch.equal(model(X), before), mode
+            assert type(_depthwise(model, dw)) is nn.Conv2d
+            assert _depthwise(model, dw).weight.shape[0] == width
+
+
+def test_the_new_channels_train_from_the_next_step():
+    model = _chain().train()
+    perfora.widen(model, "0", 2)
+    nn.functional.mse_loss(model(X), torch.ones(4, 4, 8, 8)).backward()
+    assert model[6].weight.grad[:, 8:].abs().sum() > 0  # the reader's new zero columns
+    assert model[0].weight.grad[8:].abs().sum() == 0  # nothing reaches them yet
+
+
+def _with_dendrites(model: nn.Module, sets: int) -> None:
+    """``sets`` dendrite sets on every layer, each feeding the output (nonzero v)."""
+    for layer in perfora.dendritic_layers(model).values():
+        for _ in range(sets):
+            layer.grow()
+        with torch.no_grad():
+            layer.out_weight.normal_(0, 0.1)
+
+
+@pytest.mark.parametrize("sets", [1, 2])
+def test_a_dendritic_depthwise_conv_gains_rows_for_its_new_channels_and_gives_them_back(sets):
+    model = perfora.perforate(_chain()).eval()
+    _with_dendrites(model, sets)
+    dw = model[3]
+    bank = dw.bank_weight.detach().clone()
+    with torch.no_grad():
+        before = model(X)
+        perfora.widen(model, "0", 3)
+        assert torch.equal(model(X), before)
+        assert dw.num_neurons == 11 and dw.bank_weight.shape[0] == 11 * sets
+        assert tuple(dw.out_weight.shape) == (sets, 11) and not dw.out_weight[:, 8:].any()
+        # the bank is laid out group by group: the old groups' rows are where they were
+        assert torch.equal(dw.bank_weight[:8 * sets], bank)
+        dw.grow()  # a set grown after the widening feeds every channel, the new ones too
+        assert torch.equal(model(X), before)
+        narrow_widenings(model, "0", 0)
+        assert torch.equal(model(X), before)
+        assert dw.num_neurons == 8 and dw.bank_weight.shape[0] == 8 * (sets + 1)
+        assert torch.equal(dw.bank_weight.unflatten(0, (8, sets + 1, 1))[:, :sets].flatten(0, 2),
+                           bank)
+
+
+@pytest.mark.parametrize("dw, reason", [
+    (nn.Conv2d(8, 8, 3, padding=1, groups=2),
+     "its output goes to 3, a grouped convolution (groups=2, 8 in, 8 out): a widening passes "
+     "only through a depthwise conv with one output per input channel"),
+    (nn.Conv2d(8, 16, 3, padding=1, groups=8),
+     "its output goes to 3, a grouped convolution (groups=8, 8 in, 16 out): a widening passes "
+     "only through a depthwise conv with one output per input channel"),
+], ids=["grouped", "channel-multiplier-2"])
+def test_other_grouped_convs_are_refused_with_the_reason_before_any_change(dw, reason):
+    model = _chain(dw)
+    if dw.out_channels == 16:
+        model[4], model[6] = nn.BatchNorm2d(16), nn.Conv2d(16, 4, 1)
+    model = perfora.perforate(model)
+    assert perfora.plan_widening(model).refused["0"] == reason
+    with pytest.raises(perfora.PerforationError, match="a widening passes only through"):
+        perfora.widen(model, "0", 2)
+    assert model[0].num_neurons == 8 and model[3].source.in_channels == 8
+
+
+def test_a_widened_depthwise_model_saves_loads_and_exports(tmp_path):
+    model = perfora.perforate(_chain())
+    _with_dendrites(model, 1)
+    perfora.widen(model, "0", 3)
+    model.eval()
+    with torch.no_grad():
+        expected = model(X)
+    perfora.save_model(tmp_path / "m.safetensors", model)
+    loaded = perfora.load_model(_chain(), tmp_path / "m.safetensors").eval()
+    with torch.no_grad():
+        assert torch.equal(loaded(X), expected)
+    exported = perfora.export(model).eval()
+    assert not perfora.dendritic_layers(exported)
+    conv = exported[3].base  # a layer with a dendrite set exports as its base and its bank
+    assert type(conv) is nn.Conv2d and conv.groups == conv.in_channels == 11
+    with torch.no_grad():
+        assert torch.allclose(exported(X), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_the_controller_grows_through_a_depthwise_conv_and_rewinds_to_the_best_model():
+    model = perfora.perforate(_chain())
+    y = torch.randn(4, 4, 8, 8, generator=torch.Generator().manual_seed(1))
+    ctl = perfora.GrowthController(model, growth="neurons", switch_mode="every_epoch",
+                                   max_neuron_steps=2, write_files=False)
+    ctl.set_optimizer(torch.optim.Adam, lr=0.01)
+    opt, _ = ctl.build_optimizer()
+
+    def epoch(m: nn.Module, o: torch.optim.Optimizer) -> None:
+        m.train()
+        o.zero_grad()
+        nn.functional.mse_loss(m(X), y).backward()
+        o.step()
+        m.eval()
+
+    epoch(model, opt)
+    with torch.no_grad():
+        best = model(X)
+    moments = opt.state[model[3].source.weight]["exp_avg"].clone()
+    decision = ctl.step(0.9)  # the best score: every later step is worse
+    assert decision.restructured and "0: +8" in decision.reason, decision.reason
+    grown = decision.model
+    assert _depthwise(grown, "3").groups == 16 and grown[6].base.in_channels == 16
+    with torch.no_grad():
+        assert torch.equal(grown(X), best)
+    carried = decision.optimizer.state[grown[3].source.weight]["exp_avg"]
+    assert torch.equal(carried[:8], moments) and not carried[8:].any()
+    for score in (0.5, 0.4):
+        epoch(decision.model, decision.optimizer)
+        decision = ctl.step(score)
+    assert decision.complete
+    with torch.no_grad():
+        assert torch.equal(decision.model(X), best)
+    assert _depthwise(decision.model, "3").groups == 8
+
+
+def test_a_widened_hf_mobilenet_v2_reloads_from_save_pretrained(tmp_path):
+    zoo = next(m for m in hf_models() if m.name == "hf-mobilenet-v2")
+    model = perfora.perforate(zoo.build(), **zoo.perforate_kwargs).eval()
+    plan = perfora.plan_widening(model)
+    expand = "mobilenet_v2.layer.3.expand_1x1.convolution"
+    assert plan.layers[expand].found_by == "MobileNet inverted residual"
+    batch = zoo.inputs()
+    with torch.no_grad():
+        before = zoo.output(model(**batch))
+        perfora.widen(model, expand, 5)
+        assert torch.equal(zoo.output(model(**batch)), before)
+    assert model.mobilenet_v2.layer[3].conv_3x3.convolution.source.groups == \
+        model.mobilenet_v2.layer[3].reduce_1x1.convolution.source.in_channels
+    model.save_pretrained(tmp_path)
+    loaded = load_grown_pretrained(zoo.build(), tmp_path, **zoo.perforate_kwargs)
+    with torch.no_grad():
+        assert torch.allclose(zoo.output(loaded.eval()(**batch)), before, atol=1e-5, rtol=1e-5)
