@@ -225,3 +225,22 @@ def test_a_widened_hf_mobilenet_v2_reloads_from_save_pretrained(tmp_path):
     loaded = load_grown_pretrained(zoo.build(), tmp_path, **zoo.perforate_kwargs)
     with torch.no_grad():
         assert torch.allclose(zoo.output(loaded.eval()(**batch)), before, atol=1e-5, rtol=1e-5)
+
+
+def test_mobilevit_widens_its_inverted_residual_blocks_exactly():
+    from transformers import MobileViTConfig, MobileViTForImageClassification
+
+    torch.manual_seed(0)
+    model = perfora.perforate(MobileViTForImageClassification(MobileViTConfig(
+        image_size=32, patch_size=2, hidden_sizes=[16, 24, 32], num_attention_heads=2,
+        neck_hidden_sizes=[8, 8, 16, 16, 24, 24, 32], num_labels=3))).eval()
+    plan = perfora.plan_widening(model)
+    blocks = [p for p, e in plan.layers.items() if e.found_by == "MobileNet inverted residual"
+              and e.widenable]
+    assert len(blocks) == 7 and all(p.endswith("expand_1x1.convolution") for p in blocks)
+    pixels = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        before = model(pixel_values=pixels).logits
+        for path in plan.widenable:  # the blocks, and the Transformer layers' feed-forwards
+            perfora.widen(model, path, 3)
+        assert torch.equal(model(pixel_values=pixels).logits, before)
