@@ -1,12 +1,17 @@
-"""The inverted residual blocks of Hugging Face's MobileNetV2 and MobileViT: the expansion
-conv gains channels, the depthwise conv after it gains channels of its own, and the
+"""The inverted residual blocks of Hugging Face's MobileNetV2, MobileViT and EfficientNet: the
+expansion conv gains channels, the depthwise conv after it gains channels of its own, and the
 projection conv reads them through zero columns.
 
-Such a block calls three ``*ConvLayer`` modules in turn (``expand_1x1``, ``conv_3x3``,
-``reduce_1x1``; each a conv, then BatchNorm and an activation where present), and its forward
-is not an ``nn.Sequential`` and does not trace with ``torch.fx``, so the search knows it by
-its names, checked against its widths. The stem of MobileNetV2 has the same three layers
-after its first conv (whose output is the one that widens when it has no ``expand_1x1``).
+A MobileNetV2 or MobileViT block calls three ``*ConvLayer`` modules in turn (``expand_1x1``,
+``conv_3x3``, ``reduce_1x1``; each a conv, then BatchNorm and an activation where present).
+Their forwards are not ``nn.Sequential`` chains and do not trace with ``torch.fx``, so the
+search knows them by their names, checked against their widths. The stem of MobileNetV2 has
+the same three layers after its first conv (whose output is the one that widens when it has no
+``expand_1x1``). An EfficientNet block also scales the depthwise conv's output by a
+squeeze-excitation gate, ``h * sigmoid(expand(act(reduce(pool(h)))))``: its ``reduce`` conv
+reads the new channels through zero columns (the gate of the old channels is unchanged), its
+``expand`` conv gains a gate for each new channel (random rows, zero bias), and the product's
+new channels reach the projection's zero columns.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from .plan_types import (
 )
 
 FOUND_BY = "MobileNet inverted residual"
+EFFICIENTNET = "EfficientNet block"
 _PARTS = ("convolution", "normalization", "activation")
 
 
@@ -81,3 +87,59 @@ def _conv_layer(module: nn.Module | None) -> bool:
     activation, applied in that order."""
     return module is not None and type(module).__name__.endswith("ConvLayer") \
         and isinstance(getattr(module, "convolution", None), nn.Module)
+
+
+_EFFICIENTNET_PARTS = ("expansion.expand_conv", "expansion.expand_bn", "expansion.expand_act",
+                       "depthwise_conv.depthwise_conv_pad", "depthwise_conv.depthwise_conv",
+                       "depthwise_conv.depthwise_norm", "depthwise_conv.depthwise_act",
+                       "squeeze_excite.squeeze", "squeeze_excite.reduce",
+                       "squeeze_excite.act_reduce", "squeeze_excite.expand",
+                       "squeeze_excite.act_expand", "projection.project_conv")
+
+
+def efficientnet_block(block: nn.Module, pre: str) -> list[LayerPlan] | None:
+    """The plan entries of one transformers EfficientNet block with an expansion (its
+    expansion conv with the squeeze-excitation gate, and the projection's refusal), or None
+    when ``block`` is not one."""
+    parts = {name: _get(block, name) for name in _EFFICIENTNET_PARTS}
+    if not type(block).__name__.endswith("Block") or any(p is None for p in parts.values()):
+        return None
+    path = f"{pre}expansion.expand_conv"
+    leaves = refuse(f"{pre}projection.project_conv", "its output leaves the block (added to "
+                    "the residual stream, or read by the next block); pass pairs=",
+                    EFFICIENTNET)
+    producer, gate = parts["expansion.expand_conv"], parts["squeeze_excite.expand"]
+    if not (is_producer(producer) and is_producer(gate)):
+        return [leaves]
+    width, axis = width_of(producer, "out"), axis_of(producer)
+    why = grouped_reason(f"{pre}depthwise_conv.depthwise_conv",
+                         parts["depthwise_conv.depthwise_conv"], width, axis, False)
+    for norm in ("expansion.expand_bn", "depthwise_conv.depthwise_norm"):
+        module = parts[norm]
+        if why is None and (not isinstance(module, BN_TYPES) or module.num_features != width):
+            why = f"{pre}{norm} is not a BatchNorm of its {width} channels"
+    sizes = {"squeeze_excite.reduce": width_of(parts["squeeze_excite.reduce"], "in"),
+             "squeeze_excite.expand": width_of(gate, "out"),
+             "projection.project_conv": width_of(parts["projection.project_conv"], "in")}
+    for name, size in sizes.items():
+        if why is None and size != width:
+            why = f"{pre}{name} has {size} channels where its output has {width}"
+    if why:
+        return [refuse(path, why, EFFICIENTNET), leaves]
+    through = [(f"{pre}{name}", 1 if name.endswith(("_bn", "_norm")) else axis)
+               for name in ("expansion.expand_bn", "expansion.expand_act",
+                            "depthwise_conv.depthwise_conv_pad", "depthwise_conv.depthwise_conv",
+                            "depthwise_conv.depthwise_norm", "depthwise_conv.depthwise_act",
+                            "squeeze_excite.squeeze", "squeeze_excite.act_expand")]
+    return [LayerPlan(path, True, consumers=[(f"{pre}projection.project_conv", 1),
+                                             (f"{pre}squeeze_excite.reduce", 1)],
+                      through=through, partners=[f"{pre}squeeze_excite.expand"],
+                      found_by=EFFICIENTNET), leaves]
+
+
+def _get(module: nn.Module, dotted: str) -> nn.Module | None:
+    for name in dotted.split("."):
+        module = getattr(module, name, None)
+        if module is None:
+            return None
+    return module if isinstance(module, nn.Module) else None

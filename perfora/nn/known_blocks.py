@@ -1,7 +1,7 @@
 """The feed-forward pairs of known Transformer blocks (torch's, BERT, GPT-2, Llama, T5, ViT and
 CLIP MLPs): which hidden layer gains neurons and what reads it, and refusals for the rest of
 those blocks (the residual width, attention projections). Only the hidden width grows. Also
-the inverted residual blocks of transformers' MobileNetV2 and MobileViT
+the inverted residual blocks of transformers' MobileNetV2, MobileViT and EfficientNet
 (:mod:`perfora.nn.inverted_residual`), whose expansion widens through the depthwise conv."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from torch import nn
 
 from .block_check import checked_block
 from .blocks import is_hf_conv1d
-from .inverted_residual import inverted_residual
+from .inverted_residual import efficientnet_block, inverted_residual
 from .layers import DendriticLayer
 from .plan_types import ATTENTION_NAMES, RESIDUAL, LayerPlan, is_producer, refuse
 
@@ -25,6 +25,7 @@ def known_blocks(model: nn.Module) -> list[LayerPlan]:
             return all(_has_path(_m, n) for n in names)
 
         convs = inverted_residual(m, pre)
+        convs = efficientnet_block(m, pre) if convs is None else convs
         if convs is not None:
             out.extend(convs)
         elif isinstance(m, nn.TransformerEncoderLayer | nn.TransformerDecoderLayer):

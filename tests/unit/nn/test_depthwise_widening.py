@@ -244,3 +244,78 @@ def test_mobilevit_widens_its_inverted_residual_blocks_exactly():
         for path in plan.widenable:  # the blocks, and the Transformer layers' feed-forwards
             perfora.widen(model, path, 3)
         assert torch.equal(model(pixel_values=pixels).logits, before)
+
+
+def _efficientnet() -> nn.Module:
+    from transformers import EfficientNetConfig, EfficientNetForImageClassification
+
+    torch.manual_seed(0)
+    return EfficientNetForImageClassification(EfficientNetConfig(
+        image_size=32, width_coefficient=0.25, depth_coefficient=0.25, num_labels=3,
+        hidden_dim=320, drop_connect_rate=0.0, dropout_rate=0.0))
+
+
+@pytest.mark.parametrize("mode", ["eval", "train"])
+def test_efficientnet_widens_through_its_squeeze_excitation_and_narrows_back_exactly(mode):
+    model = perfora.perforate(_efficientnet())
+    getattr(model, mode)()
+    plan = perfora.plan_widening(model)
+    entry = plan.layers["efficientnet.encoder.blocks.1.expansion.expand_conv"]
+    assert entry.found_by == "EfficientNet block" and len(plan.widenable) == 6
+    assert entry.partners == ["efficientnet.encoder.blocks.1.squeeze_excite.expand"]
+    pixels = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(2))
+    block = model.efficientnet.encoder.blocks[1]
+    with torch.no_grad():
+        before = model(pixel_values=pixels).logits
+        for path in plan.widenable:
+            perfora.widen(model, path, 3)
+        assert torch.equal(model(pixel_values=pixels).logits, before)
+        # the new channels' gates are live (random rows), their product read by zero columns
+        assert block.squeeze_excite.expand.source.weight[-3:].abs().sum() > 0
+        assert not block.projection.project_conv.source.weight[:, -3:].any()
+        assert not block.squeeze_excite.reduce.source.weight[:, -3:].any()
+        for path in plan.widenable:
+            narrow_widenings(model, path, 0)
+        assert torch.equal(model(pixel_values=pixels).logits, before)
+    assert block.squeeze_excite.expand.num_neurons == 48
+    assert type(block.depthwise_conv.depthwise_act) is not perfora.nn.blocks.Blockwise
+
+
+def test_the_controller_grows_an_efficientnet_that_trains_on():
+    model = perfora.perforate(_efficientnet())
+    pixels = torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(2))
+    labels = torch.tensor([0, 1, 2, 0])
+    ctl = perfora.GrowthController(model, growth="neurons", switch_mode="every_epoch",
+                                   max_neuron_steps=1, neurons_per_step=0.25,
+                                   write_files=False)
+    ctl.set_optimizer(torch.optim.Adam, lr=1e-3)
+    opt, _ = ctl.build_optimizer()
+
+    def loss_of(m: nn.Module) -> torch.Tensor:
+        return nn.functional.cross_entropy(m(pixel_values=pixels).logits, labels)
+
+    model.train()
+    loss_of(model).backward()
+    opt.step()
+    model.eval()
+    with torch.no_grad():
+        before = model(pixel_values=pixels).logits
+    decision = ctl.step(0.5)
+    assert decision.restructured and "expansion.expand_conv: +12 random" in decision.reason
+    grown = decision.model
+    with torch.no_grad():
+        assert torch.equal(grown(pixel_values=pixels).logits, before)
+    grown.train()
+    losses = []
+    for _ in range(3):
+        decision.optimizer.zero_grad()
+        loss = loss_of(grown)
+        loss.backward()
+        decision.optimizer.step()
+        losses.append(loss.item())
+    assert all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0], losses
+    grown.eval()
+    exported = perfora.export(grown).eval()
+    with torch.no_grad():
+        assert torch.allclose(exported(pixel_values=pixels).logits,
+                              grown(pixel_values=pixels).logits, atol=1e-5, rtol=1e-5)
