@@ -14,7 +14,8 @@ input columns. The readers are found, in this order:
    (which gain channels of their own) and ``Flatten``, and into transformers' ``*ConvLayer``
    modules (ResNet);
 4. ``torch.fx`` symbolic tracing, where the model traces; it also follows a chain that
-   leaves its ``nn.Sequential`` before the reader (VGG's ``features`` -> ``classifier``).
+   leaves its ``nn.Sequential`` before the reader (VGG's ``features`` -> ``classifier``), and
+   through a squeeze-excitation gate (:mod:`perfora.nn.gates`).
 
 A layer whose output is normalised jointly (LayerNorm, GroupNorm), added to a residual
 stream, split into attention heads, or read by something unknown is refused, with the reason,
@@ -42,6 +43,7 @@ from .blocks import (
     is_hf_conv1d,
 )
 from .explicit_pairs import checked_pairs, explicit_entry
+from .gates import gate_of
 from .known_blocks import known_blocks
 from .layers import DendriticLayer
 from .plan_types import (
@@ -391,6 +393,10 @@ def _follow_graph(model: nn.Module, start: torch.fx.Node) -> LayerPlan:
                                      f"({type(module).__name__})", by)
             else:
                 return refuse(path, _unknown_reader(target, module), by)
+        elif (gate := gate_of(model, node, width, seen)) is not None:
+            # a squeeze-excitation product: its gate gains a gate per new channel
+            entry.partners.append(gate.expand)
+            entry.through.append((gate.activation, axis))
         elif node.op == "call_function" and node.target in _ADDS:
             return refuse(path, f"its output is added to another tensor ({node.name}): a "
                                  "residual connection", by)

@@ -319,3 +319,86 @@ def test_the_controller_grows_an_efficientnet_that_trains_on():
     with torch.no_grad():
         assert torch.allclose(exported(pixel_values=pixels).logits,
                               grown(pixel_values=pixels).logits, atol=1e-5, rtol=1e-5)
+
+
+class _ConvNormAct(nn.Sequential):
+    """torchvision's Conv2dNormActivation: conv, BatchNorm, activation (none for a projection)."""
+
+    def __init__(self, c_in: int, c_out: int, k: int = 1, groups: int = 1,
+                 act: type[nn.Module] | None = nn.Hardswish) -> None:
+        layers = [nn.Conv2d(c_in, c_out, k, padding=(k - 1) // 2, groups=groups, bias=False),
+                  nn.BatchNorm2d(c_out)]
+        super().__init__(*layers, *([act()] if act else []))
+
+
+class SqueezeExcitation(nn.Module):
+    """torchvision's squeeze-excitation module, as MobileNetV3 and EfficientNet use it."""
+
+    def __init__(self, channels: int, squeeze: int) -> None:
+        super().__init__()
+        self.avgpool = nn.AdaptiveAvgPool2d(1)
+        self.fc1 = nn.Conv2d(channels, squeeze, 1)
+        self.fc2 = nn.Conv2d(squeeze, channels, 1)
+        self.activation = nn.ReLU()
+        self.scale_activation = nn.Hardsigmoid()
+
+    def _scale(self, x: torch.Tensor) -> torch.Tensor:
+        return self.scale_activation(self.fc2(self.activation(self.fc1(self.avgpool(x)))))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._scale(x) * x
+
+
+class _MobileNetV3Block(nn.Module):
+    """torchvision's MobileNetV3 InvertedResidual with squeeze-excitation."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.block = nn.Sequential(_ConvNormAct(8, 24), _ConvNormAct(24, 24, 3, groups=24),
+                                   SqueezeExcitation(24, 8), _ConvNormAct(24, 8, act=None))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        result = self.block(x)
+        result += x
+        return result
+
+
+def _mobilenet_v3_like() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(_ConvNormAct(3, 8, 3), _MobileNetV3Block(), nn.AdaptiveAvgPool2d(1),
+                         nn.Flatten(), nn.Linear(8, 3))
+
+
+@pytest.mark.parametrize("mode", ["eval", "train"])
+def test_torch_fx_follows_a_widening_through_a_squeeze_excitation_gate(mode):
+    model = perfora.perforate(_mobilenet_v3_like())
+    getattr(model, mode)()
+    plan = perfora.plan_widening(model)
+    entry = plan.layers["1.block.0.0"]
+    assert entry.widenable and entry.found_by == "torch.fx", entry.reason
+    assert entry.partners == ["1.block.2.fc2"]
+    assert sorted(p for p, _ in entry.consumers) == ["1.block.2.fc1", "1.block.3.0"]
+    assert "1.block.2.scale_activation" in [p for p, _ in entry.through]
+    assert plan.layers["1.block.2.fc1"].widenable  # the gate's own pair
+    with torch.no_grad():
+        before = model(X)
+        for path in plan.widenable:
+            perfora.widen(model, path, 4)
+        assert torch.equal(model(X), before)
+        assert model[1].block[2].fc2.source.weight.shape[0] == 28
+        for path in plan.widenable:
+            narrow_widenings(model, path, 0)
+        assert torch.equal(model(X), before)
+    assert model[1].block[2].fc2.source.weight.shape[0] == 24
+
+
+def test_a_product_that_is_not_a_gate_of_the_same_tensor_is_refused():
+    class _OtherGate(SqueezeExcitation):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:  # x's gate scales another tensor
+            return self._scale(x) * torch.relu(x)
+
+    model = _mobilenet_v3_like()
+    model[1].block[2] = _OtherGate(24, 8)
+    reason = perfora.plan_widening(perfora.perforate(model)).refused["1.block.0.0"]
+    assert reason.startswith("its output goes to mul (call_function), which a widening "
+                             "cannot follow"), reason
