@@ -61,7 +61,7 @@ class ShardedBackend(ParallelBackend):
         if self.spec.sharded(model):
             return model  # still sharded: nothing was resized, nothing to shard again
         check_same_structure(model)
-        return self.spec.wrap(unwrap_model(model))
+        return self.spec.wrap(unwrap_model(model), again=True)
 
     def shadow(self, model: nn.Module) -> nn.Module | None:
         """None: a sharded model has no local whole copy to rehearse on."""

@@ -225,19 +225,30 @@ class ShardSpec:
                  for n, p in model.named_parameters()}
         for name, p in plain.named_parameters():
             p.requires_grad_(flags.get(name, p.requires_grad))
+        # train/eval as the live model (the template kept its modes from when it was taken):
+        # a BatchNorm or Dropout in eval mode must stay so through a restructure
+        modes = {n.replace(_FSDP1_PREFIX, ""): m.training for n, m in model.named_modules()}
+        for name, module in plain.named_modules():
+            module.training = modes.get(name, module.training)
         return plain
 
-    def wrap(self, module: nn.Module) -> nn.Module:
-        """Broadcast rank 0's values into ``module`` and shard it (a collective)."""
+    def wrap(self, module: nn.Module, *, again: bool = False) -> nn.Module:
+        """Broadcast rank 0's values into ``module`` and shard it (a collective). ``again``
+        (a re-shard after a restructure): the parameters only, so that each rank keeps its
+        own buffers (BatchNorm's running statistics, which FSDP leaves to each rank) and its
+        outputs do not change."""
         if self.sharded(module):
             return module  # already sharded: requires_grad flips need no re-shard
         self._place(module)
         if is_distributed():
             with torch.no_grad():
-                for t in [*module.parameters(), *module.buffers()]:
+                for t in [*module.parameters(), *([] if again else module.buffers())]:
                     dist.broadcast(t.data, src=0)
         self.template = self._keep_template(module)
-        return self.adopt(self._shard(module))
+        training = module.training
+        wrapped = self._shard(module)
+        wrapped.training = training  # FSDP1's new root starts in train mode: keep eval
+        return self.adopt(wrapped)
 
     def _keep_template(self, module: nn.Module) -> nn.Module:
         """The unsharded copy kept for the next re-shard (a CPU copy of every value)."""

@@ -41,6 +41,7 @@ class WrapperSpec:
             wrapper = nn.DataParallel(module, **self.kwargs)
         else:
             raise OrderError(f"unknown wrapper kind {self.kind!r}")
+        wrapper.training = module.training  # a new wrapper starts in train mode: keep eval
         object.__setattr__(wrapper, _SPEC_ATTR, self)
         return wrapper
 

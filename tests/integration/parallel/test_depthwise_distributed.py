@@ -1,5 +1,5 @@
-"""Neuron growth through a depthwise conv under DDP and FSDP2: 2 real CPU ranks (gloo), each on
-its own data. Each step widens the expanding conv, the depthwise conv and the BatchNorms
+"""Neuron growth through a depthwise conv under DDP, FSDP2 and FSDP1: 2 real CPU ranks (gloo),
+each on its own data. Each step widens the expanding conv, the depthwise conv and the BatchNorms
 between (under FSDP2 one layer pair at a time), keeps the output bit for bit, leaves the ranks'
 parameters identical, and the rewind to the narrow best model shrinks them back."""
 
@@ -21,22 +21,26 @@ WORLD = 2
 def grow_through_depthwise(rank: int, tmp: Path, kind: str) -> dict:
     from torch.distributed.device_mesh import init_device_mesh
 
-    from perfora.parallel import shard_fsdp2
+    from perfora.parallel import shard_fsdp2, wrap_fsdp1
 
     torch.manual_seed(0)
     base = perfora.perforate(nn.Sequential(
         nn.Conv2d(2, 8, 1), nn.BatchNorm2d(8), nn.ReLU6(),
         nn.Conv2d(8, 8, 3, padding=1, groups=8), nn.BatchNorm2d(8), nn.ReLU6(),
         nn.Conv2d(8, 3, 1), nn.AdaptiveAvgPool2d(1), nn.Flatten()))
-    model = DDP(base) if kind == "ddp" else \
-        shard_fsdp2(base, mesh=init_device_mesh("cpu", (WORLD,)))
+    if kind == "ddp":
+        model = DDP(base)
+    elif kind == "fsdp1":
+        model = wrap_fsdp1(base, device_id=torch.device("cpu"))
+    else:
+        model = shard_fsdp2(base, mesh=init_device_mesh("cpu", (WORLD,)))
     ctl = perfora.GrowthController(model, growth="neurons", switch_mode="every_epoch",
                                    max_neuron_steps=2, write_files=False)
     ctl.set_optimizer(torch.optim.Adam, lr=0.01)
     opt, _ = ctl.build_optimizer()
     gen = torch.Generator().manual_seed(rank)  # each rank its own data
     x_fixed = torch.randn(4, 2, 6, 6, generator=torch.Generator().manual_seed(9))
-    reasons, exact, groups = [], [], []
+    reasons, exact, groups, training = [], [], [], []
     for score in (0.5, 0.4, 0.3):  # the first model stays the best: the end rewinds to it
         model.train()
         for _ in range(3):
@@ -54,6 +58,7 @@ def grow_through_depthwise(rank: int, tmp: Path, kind: str) -> dict:
         with torch.no_grad():
             exact.append(bool(torch.equal(model(x_fixed), before)))
         reasons.append(decision.reason)
+        training.append(any(m.training for m in model.modules()))
         state = ctl.backend.full_state(model)
         groups.append(list(state["3.base.weight"].shape))
     params = {k: v.tolist() for k, v in ctl.backend.full_state(model).items()
@@ -61,11 +66,11 @@ def grow_through_depthwise(rank: int, tmp: Path, kind: str) -> dict:
     with torch.no_grad():
         rewound = bool(torch.equal(model(x_fixed), best))
     return {"reasons": reasons, "exact": exact, "groups": groups, "params": params,
-            "rewound": rewound}
+            "rewound": rewound, "training": training}
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("kind", ["ddp", "fsdp2"])
+@pytest.mark.parametrize("kind", ["ddp", "fsdp2", "fsdp1"])
 def test_ranks_widen_a_depthwise_block_alike_and_rewind_it(tmp_path, kind):
     r0, r1 = run_in_folder(grow_through_depthwise, tmp_path, WORLD, kind, join_s=120)
     assert r0["reasons"][:2] == ["plateau: added neuron step 1 (0: +8 random)",
@@ -73,5 +78,6 @@ def test_ranks_widen_a_depthwise_block_alike_and_rewind_it(tmp_path, kind):
     assert r0["reasons"] == r1["reasons"]
     assert r0["exact"][:2] == r1["exact"][:2] == [True, True]  # then the rewind
     assert r0["rewound"] and r1["rewound"]  # to the best model's outputs, bit for bit
+    assert r0["training"] == r1["training"] == [False] * 3  # still in eval mode, wrapper too
     assert r0["groups"] == [[16, 1, 3, 3], [24, 1, 3, 3], [8, 1, 3, 3]]
     assert r0["params"] == r1["params"]

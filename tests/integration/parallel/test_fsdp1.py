@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_ddp import make_model, run_ranks, train_epoch
+from test_ddp import batch, make_model, run_ranks, train_epoch
 from torch import nn
 from torch.distributed.fsdp import FullyShardedDataParallel
 
@@ -54,6 +54,48 @@ def test_fsdp1_restructures_match_ddp_exactly(tmp_path):
                 assert torch.equal(torch.tensor(a[key]), torch.tensor(b[key])), key
     # checkpoint_format='auto': a sharded model on 2 ranks writes DCP folders
     assert (tmp_path / "fsdp1" / "fsdp1" / "best.dcp" / "perfora.json").exists()
+
+
+def restructure_in_eval_mode(rank: int, tmp: Path, growth: str) -> dict:
+    """A model with BatchNorm and Dropout, trained on this rank's data, then put in eval mode
+    before the controller's step: the step must keep the mode and this rank's statistics."""
+    torch.manual_seed(0)
+    model = wrap_fsdp1(perfora.perforate(nn.Sequential(
+        nn.Linear(6, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Dropout(0.5), nn.Linear(8, 3))),
+        device_id=CPU)
+    ctl = perfora.GrowthController(model, growth=growth, switch_mode="every_epoch",
+                                   write_files=False, neuron_init="random")
+    ctl.set_optimizer(torch.optim.Adam, lr=0.01)
+    opt, _ = ctl.build_optimizer()
+    model.train()
+    for step in range(3):
+        x, y = batch(rank, 0, step)
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    model.eval()
+    x_fixed = torch.randn(8, 6, generator=torch.Generator().manual_seed(9))
+    with torch.no_grad():
+        before = model(x_fixed)
+    stats = full_state_dict(model)["1.running_mean"].clone()
+    decision = ctl.step(0.5)
+    with torch.no_grad():
+        after = decision.model(x_fixed)
+    return {"reason": decision.reason, "exact": bool(torch.equal(after, before)),
+            "eval": not any(m.training for m in decision.model.modules()),
+            "stats_kept": bool(torch.equal(
+                full_state_dict(decision.model)["1.running_mean"][:8], stats)),
+            "stats": stats.tolist()}
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("growth", ["dendrites", "neurons"])
+def test_a_restructure_keeps_eval_mode_and_each_rank_s_batchnorm_statistics(tmp_path, growth):
+    r0, r1 = run_ranks(restructure_in_eval_mode, tmp_path, growth)
+    assert r0["reason"] == r1["reason"] and r0["reason"].startswith("plateau: added")
+    for r in (r0, r1):  # each rank's own outputs, unchanged; was: train mode, rank 0's stats
+        assert r["eval"] and r["stats_kept"] and r["exact"]
+    assert r0["stats"] != r1["stats"]  # the ranks' own data gave them their own statistics
 
 
 def test_wrap_fsdp1_refuses_what_it_cannot_re_wrap():
