@@ -86,6 +86,7 @@ class DeepSpeedSpec:
         engine, _, _, _ = deepspeed.initialize(
             model=module, config=copy.deepcopy(self.config), optimizer=self.optimizer,
             model_parameters=params, lr_scheduler=self.lr_scheduler, **self.kwargs)
+        engine.training = module.training  # a new engine starts in train mode: keep eval
         object.__setattr__(engine, _SPEC_ATTR, self)
         self.engine = engine
         return engine

@@ -319,7 +319,7 @@ def run_neurons(rank: int, stage: int, init: str = "gradmax") -> dict:
                                               "max_neuron_steps": 2, "neuron_init": init,
                                               "switch_mode": "every_epoch"})
     sizes = _record_gathers() if stage == 3 else []
-    exact, widths, carried, reasons = [], [], [], []
+    exact, widths, carried, reasons, modes = [], [], [], [], []
     for epoch in range(3):
         engine.train()
         for step in range(STEPS):
@@ -335,6 +335,7 @@ def run_neurons(rank: int, stage: int, init: str = "gradmax") -> dict:
         decision = ctl.step(0.5 + 0.1 * epoch, model=engine)
         engine = decision.model
         reasons.append(decision.reason)
+        modes.append(engine.training)  # a new engine keeps eval mode
         with torch.no_grad():
             exact.append(bool(torch.equal(engine(probe()), before)))
         if decision.restructured:
@@ -366,7 +367,7 @@ def run_neurons(rank: int, stage: int, init: str = "gradmax") -> dict:
                 if k != "zero_new"} == {"kept": True, "nonzero": True} \
         and set(again) == set(state) and all(torch.equal(again[k], state[k]) for k in state)
     return {"exact": exact, "widths": widths, "rank_diff": _rank_diff(state), "carried": carried,
-            "reasons": reasons, "state": {k: v.tolist() for k, v in state.items()},
+            "reasons": reasons, "modes": modes, "state": {k: v.tolist() for k, v in state.items()},
             "is_engine": type(engine).__name__, "reloaded": reloaded,
             "largest_gather": max(sizes, default=0),
             "model_size": sum(v.numel() for v in state.values()),
@@ -635,6 +636,7 @@ def test_zero3_zero2_zero0_growth_rewind_checkpoint(tmp_path: Path) -> None:
 
     for kind in ("neurons", "neurons_zero3", "neurons_zero0"):
         neurons = [r[kind] for r in results]
+        assert all(r["modes"] == [False] * 3 for r in neurons)  # eval mode kept by new engines
         # Adam's moments carried into the new engine: old slices kept, new ones zero
         for r in neurons:
             assert r["carried"] == [{"kept": True, "zero_new": True, "nonzero": True,
