@@ -127,6 +127,13 @@ def _hf_mobilenet() -> nn.Module:
         image_size=32, depth_multiplier=0.25, num_labels=3, classifier_dropout_prob=0.0))
 
 
+def _hf_efficientnet() -> nn.Module:
+    from transformers import EfficientNetConfig, EfficientNetForImageClassification
+    return EfficientNetForImageClassification(EfficientNetConfig(
+        image_size=32, width_coefficient=0.25, depth_coefficient=0.25, num_labels=3,
+        hidden_dim=320, drop_connect_rate=0.0, dropout_rate=0.0))
+
+
 def _lm_batch() -> dict[str, torch.Tensor]:
     return {"input_ids": _ids(64)}
 
@@ -177,6 +184,9 @@ def hf_models() -> list[ZooModel]:
                  wrapped={"Conv2d": 6, "Linear": 1}, hf=True),
         ZooModel("hf-mobilenet-v2", _seeded(_hf_mobilenet), _pixels, _hf_loss, _logits,
                  wrapped={"Conv2d": 52, "Linear": 1}, hf=True),
+        ZooModel("hf-efficientnet", _seeded(_hf_efficientnet), _pixels, _hf_loss, _logits,
+                 wrapped={"Conv2d": 29, "EfficientNetDepthwiseConv2d": 7, "Linear": 1},
+                 hf=True),
     ]
 
 

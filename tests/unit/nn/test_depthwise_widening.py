@@ -247,12 +247,7 @@ def test_mobilevit_widens_its_inverted_residual_blocks_exactly():
 
 
 def _efficientnet() -> nn.Module:
-    from transformers import EfficientNetConfig, EfficientNetForImageClassification
-
-    torch.manual_seed(0)
-    return EfficientNetForImageClassification(EfficientNetConfig(
-        image_size=32, width_coefficient=0.25, depth_coefficient=0.25, num_labels=3,
-        hidden_dim=320, drop_connect_rate=0.0, dropout_rate=0.0))
+    return next(m for m in hf_models() if m.name == "hf-efficientnet").build()
 
 
 @pytest.mark.parametrize("mode", ["eval", "train"])
