@@ -397,3 +397,22 @@ def test_a_product_that_is_not_a_gate_of_the_same_tensor_is_refused():
     reason = perfora.plan_widening(perfora.perforate(model)).refused["1.block.0.0"]
     assert reason.startswith("its output goes to mul (call_function), which a widening "
                              "cannot follow"), reason
+
+
+def test_a_widened_efficientnet_reloads_from_save_model_and_save_pretrained(tmp_path):
+    zoo = next(m for m in hf_models() if m.name == "hf-efficientnet")
+    model = perfora.perforate(zoo.build()).eval()
+    batch = zoo.inputs()
+    perfora.widen(model, "efficientnet.encoder.blocks.2.expansion.expand_conv", 4)
+    with torch.no_grad():
+        expected = zoo.output(model(**batch))
+    perfora.save_model(tmp_path / "m.safetensors", model)
+    loaded = perfora.load_model(zoo.build(), tmp_path / "m.safetensors").eval()
+    with torch.no_grad():
+        assert torch.equal(zoo.output(loaded(**batch)), expected)  # replayed, bit for bit
+    model.save_pretrained(tmp_path / "hf")
+    reloaded = load_grown_pretrained(zoo.build(), tmp_path / "hf").eval()
+    gates = [m.efficientnet.encoder.blocks[2].squeeze_excite.expand for m in (reloaded, model)]
+    assert gates[0].num_neurons == gates[1].num_neurons
+    with torch.no_grad():
+        assert torch.allclose(zoo.output(reloaded(**batch)), expected, atol=1e-5, rtol=1e-5)
