@@ -1,10 +1,11 @@
 """``pairs=``: the readers a user names for a layer, checked before anything changes.
 
 An entry names the modules a layer's outputs go to: Linear/Conv readers (after a flatten with
-their repeat), BatchNorms and stateless modules on the way. Where the model's own search
-(:mod:`perfora.nn.consumers`) also finds the layer's readers, the entry must not leave out a
-reader, a BatchNorm on the way, or the partner of a gated block: the widening would leave it
-narrow and the model would fail at its next forward.
+their repeat), BatchNorms, depthwise convs and stateless modules on the way. Where the model's
+own search (:mod:`perfora.nn.consumers`) also finds the layer's readers, the entry must not
+leave out a reader, a module with state on the way (a BatchNorm, a depthwise conv), or the
+partner of a gated block: the widening would leave it narrow and the model would fail at its
+next forward.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from .plan_types import (
     JOINT_NORMS,
     LayerPlan,
     axis_of,
+    grouped_reason,
+    is_grouped_conv,
     is_producer,
     refuse,
     width_of,
@@ -38,8 +41,9 @@ def checked_pairs(model: nn.Module, given: LayerPlan, found: LayerPlan) -> Layer
                                   f"{given.path} out of pairs= and the block is found", "pairs")
     listed = {p for p, _ in [*given.consumers, *given.through]}
     missing = [p for p, _ in found.consumers if p not in listed]
-    missing += [p for p, _ in found.through if p not in listed
-                and any(True for _ in model.get_submodule(p).buffers())]
+    missing += [p for p, _ in found.through if p not in listed  # a BatchNorm, a depthwise conv
+                and any(True for _ in (*model.get_submodule(p).buffers(),
+                                       *model.get_submodule(p).parameters()))]
     if not missing:
         return given
     return refuse(given.path, f"pairs[{given.path!r}] leaves out {', '.join(missing)}, which "
@@ -91,6 +95,11 @@ def explicit_entry(model: nn.Module, path: str, readers: Any) -> LayerPlan:
                 return refuse(path, f"pairs: {target!r} normalises {module.num_features} "
                                      f"channels, not the {width} {path!r} gives", "pairs")
             entry.through.append((target, 1))
+        elif is_grouped_conv(module):  # a depthwise conv passes the widening on
+            why = grouped_reason(target, module, width, axis, repeat != 1)
+            if why:
+                return refuse(path, f"pairs: {why}", "pairs")
+            entry.through.append((target, axis))
         elif is_producer(module):
             have = width_of(module, "in")
             if have != width * repeat:

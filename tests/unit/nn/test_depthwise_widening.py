@@ -416,3 +416,35 @@ def test_a_widened_efficientnet_reloads_from_save_model_and_save_pretrained(tmp_
     assert gates[0].num_neurons == gates[1].num_neurons
     with torch.no_grad():
         assert torch.allclose(zoo.output(reloaded(**batch)), expected, atol=1e-5, rtol=1e-5)
+
+
+class _Untraceable(nn.Module):
+    """A depthwise block torch.fx cannot trace (a branch on the input's values)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.expand, self.bn = nn.Conv2d(3, 8, 1), nn.BatchNorm2d(8)
+        self.dw, self.project = nn.Conv2d(8, 8, 3, padding=1, groups=8), nn.Conv2d(8, 4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.dw(torch.relu(self.bn(self.expand(x))))
+        return self.project(h if bool(x.sum() > -1e9) else -h)
+
+
+def test_pairs_name_a_depthwise_conv_on_the_way_and_cannot_leave_it_out():
+    model = perfora.perforate(_Untraceable()).eval()
+    assert "pass pairs=" in perfora.plan_widening(model).refused["expand"]
+    with torch.no_grad():
+        before = model(X)
+    perfora.widen(model, "expand", 2, pairs={"expand": ["bn", "dw", "project"]})
+    with torch.no_grad():
+        assert torch.equal(model(X), before)
+    assert model.dw.source.groups == 10
+    chain = perfora.perforate(_chain())
+    with pytest.raises(perfora.PerforationError, match=r"pairs\['0'\] leaves out 3, which"):
+        perfora.widen(chain, "0", 2, pairs={"0": ["1", "4", "6"]})
+    assert chain[3].source.groups == 8  # refused before anything changed
+    with pytest.raises(perfora.PerforationError, match="pairs: its output goes to 3, a grouped"):
+        perfora.widen(perfora.perforate(_chain(nn.Conv2d(8, 8, 3, padding=1, groups=2))), "0",
+                      2, pairs={"0": ["1", "3", "4", "6"]})
