@@ -48,29 +48,61 @@ def spans(sizes: list[int]) -> list[tuple[int, int]]:
     return out
 
 
-def layout_of(t: torch.Tensor) -> torch.memory_format:
-    """``t``'s memory format: channels_last (3d) where it is laid out so, else contiguous.
-    A block keeps it: a conv or an elementwise kernel on another layout takes another code
-    path and may round differently from the narrow layer's call."""
-    if t.dim() == 4 and not t.is_contiguous() \
-            and t.is_contiguous(memory_format=torch.channels_last):
-        return torch.channels_last
-    if t.dim() == 5 and not t.is_contiguous() \
-            and t.is_contiguous(memory_format=torch.channels_last_3d):
-        return torch.channels_last_3d
-    return torch.contiguous_format
+Layout = torch.memory_format | list[int] | None
+
+
+def dim_order(t: torch.Tensor) -> Layout:
+    """``t``'s memory layout where it is not the contiguous one: channels_last (3d) where its
+    strides are exactly those (also for a weight whose size-1 dims make it look contiguous,
+    as a 1x1 or depthwise kernel does: the conv reads those strides), else its dims from
+    outermost to innermost for another permuted dense layout (an unbatched input laid out
+    channels-last), else None. A block keeps it: a conv or an elementwise kernel on another
+    layout takes another code path and may round differently from the narrow layer's call."""
+    if t.dim() in (4, 5):
+        fmt = torch.channels_last if t.dim() == 4 else torch.channels_last_3d
+        if t.stride() == _strides(t, fmt) != _strides(t, torch.contiguous_format):
+            return fmt
+    if t.dim() < 2 or t.is_contiguous():
+        return None
+    order = sorted(range(t.dim()), key=lambda d: (-t.stride(d), d))
+    return order if t.permute(order).is_contiguous() else None
+
+
+_INNER_FIRST = {torch.channels_last: (1, 3, 2, 0), torch.channels_last_3d: (1, 4, 3, 2, 0)}
+
+
+def _strides(t: torch.Tensor, fmt: torch.memory_format) -> tuple[int, ...]:
+    """The strides a fresh tensor of ``t``'s shape gets in ``fmt`` (as torch computes them:
+    a size-1 dim counts as 1)."""
+    inner_first = _INNER_FIRST.get(fmt, tuple(range(t.dim() - 1, -1, -1)))
+    strides, step = [0] * t.dim(), 1
+    for d in inner_first:
+        strides[d] = step
+        step *= max(int(t.shape[d]), 1)
+    return tuple(strides)
+
+
+def in_layout(t: torch.Tensor, layout: Layout) -> torch.Tensor:
+    """``t`` as a dense tensor in ``layout`` (see :func:`dim_order`; None: contiguous)."""
+    if layout is None:
+        return t.contiguous()
+    if isinstance(layout, torch.memory_format):
+        out = t.contiguous(memory_format=layout)
+        return out if out.stride() == _strides(out, layout) else out.clone(memory_format=layout)
+    inverse = sorted(range(len(layout)), key=layout.__getitem__)
+    return t.permute(layout).contiguous().permute(inverse)
 
 
 def block_of(t: torch.Tensor, dim: int, start: int, length: int) -> torch.Tensor:
     """``t.narrow(dim, start, length)`` as a dense copy in ``t``'s own layout."""
-    return t.narrow(dim, start, length).contiguous(memory_format=layout_of(t))
+    return in_layout(t.narrow(dim, start, length), dim_order(t))
 
 
 def joined(outs: list[torch.Tensor], dim: int, like: torch.Tensor) -> torch.Tensor:
     """The blocks put together along ``dim``, in ``like``'s layout (the narrow call's)."""
     out = torch.cat(outs, dim)
-    layout = layout_of(like)
-    return out if layout is torch.contiguous_format else out.contiguous(memory_format=layout)
+    order = dim_order(like)
+    return out if order is None else in_layout(out, order)
 
 
 def piece(t: torch.Tensor, dim: int, start: int, length: int, whole: bool) -> torch.Tensor:

@@ -17,7 +17,15 @@ import torch
 from torch import nn
 
 from ..errors import PerforationError
-from .blocks import BN_TYPES, BlockedBatchNorm, BlockedLayer, Blockwise, is_hf_conv1d
+from .blocks import (
+    BN_TYPES,
+    BlockedBatchNorm,
+    BlockedLayer,
+    Blockwise,
+    dim_order,
+    in_layout,
+    is_hf_conv1d,
+)
 from .layers import DendriticLayer
 from .plan_types import WIDTH_EXACT, is_grouped_conv
 
@@ -55,7 +63,7 @@ def _cut_param(owner: nn.Module, name: str, dim: int, size: int,
     old = getattr(owner, name)
     if old is None:
         return
-    data = old.detach().narrow(dim, 0, size).clone()
+    data = in_layout(old.detach().narrow(dim, 0, size).clone(), dim_order(old))
     new = make(data) if make is not None else nn.Parameter(data, requires_grad=old.requires_grad)
     setattr(owner, name, new)
 

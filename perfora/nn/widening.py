@@ -29,7 +29,15 @@ import torch
 from torch import nn
 
 from ..errors import PerforationError
-from .blocks import BN_TYPES, CONV_TYPES, Blockwise, is_hf_conv1d, make_blocked
+from .blocks import (
+    BN_TYPES,
+    CONV_TYPES,
+    Blockwise,
+    dim_order,
+    in_layout,
+    is_hf_conv1d,
+    make_blocked,
+)
 from .consumers import LayerPlan, plan_widening
 from .layers import DendriticLayer, dendritic_layers, unwrap_model
 from .narrowing import narrow_widenings
@@ -179,10 +187,11 @@ def _fresh_rows(core: nn.Module, k: int, init: torch.Tensor | None,
 
 
 def _grow_param(owner: nn.Module, name: str, extra: torch.Tensor, dim: int) -> None:
+    """``extra`` appended to parameter ``name`` along ``dim``, in the old tensor's memory
+    layout (a channels_last weight stays so: the blocks' calls then match the narrow one's)."""
     old = getattr(owner, name)
-    new = nn.Parameter(torch.cat([old.detach(), extra.to(old)], dim),
-                       requires_grad=old.requires_grad)
-    setattr(owner, name, new)
+    data = in_layout(torch.cat([old.detach(), extra.to(old)], dim), dim_order(old))
+    setattr(owner, name, nn.Parameter(data, requires_grad=old.requires_grad))
 
 
 def _neuron_count(k: Any) -> int:

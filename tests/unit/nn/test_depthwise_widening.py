@@ -448,3 +448,35 @@ def test_pairs_name_a_depthwise_conv_on_the_way_and_cannot_leave_it_out():
     with pytest.raises(perfora.PerforationError, match="pairs: its output goes to 3, a grouped"):
         perfora.widen(perfora.perforate(_chain(nn.Conv2d(8, 8, 3, padding=1, groups=2))), "0",
                       2, pairs={"0": ["1", "3", "4", "6"]})
+
+
+_CONVS = {1: nn.Conv1d, 2: nn.Conv2d, 3: nn.Conv3d}
+
+
+@pytest.mark.parametrize("unbatched", [False, True], ids=["batched", "unbatched"])
+@pytest.mark.parametrize("padding", ["zeros", "reflect", "same", "strided"])
+@pytest.mark.parametrize("dims, layout", [(1, "contiguous"), (2, "contiguous"),
+                                          (2, "channels_last"), (3, "contiguous")])
+def test_depthwise_growth_keeps_the_bits_in_every_layout(dims, layout, padding, unbatched):
+    conv = _CONVS[dims]
+    torch.manual_seed(dims)
+    if padding == "same":
+        dw = conv(6, 6, 3, padding="same", dilation=2, groups=6)
+    else:
+        dw = conv(6, 6, 3, stride=2 if padding == "strided" else 1, padding=1, groups=6,
+                  padding_mode="reflect" if padding == "reflect" else "zeros")
+    # 1x1 and depthwise kernels look contiguous in either layout: their strides still count
+    model = nn.Sequential(conv(2, 6, 1), nn.SiLU(), dw, nn.ReLU(), conv(6, 3, 1)).eval()
+    x = torch.randn(3, 2, *(7,) * dims, generator=torch.Generator().manual_seed(5))
+    if layout == "channels_last":
+        model, x = model.to(memory_format=torch.channels_last), \
+            x.contiguous(memory_format=torch.channels_last)
+    x = x[0] if unbatched else x  # unbatched: a channels-last slice keeps its strides
+    with torch.no_grad():
+        before = model(x)
+        perfora.widen(model, "0", 3)
+        assert torch.equal(model(x), before)
+        if layout == "channels_last":
+            assert model[2].weight.is_contiguous(memory_format=torch.channels_last)
+        narrow_widenings(model, "0", 0)
+        assert torch.equal(model(x), before)
