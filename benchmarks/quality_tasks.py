@@ -80,6 +80,31 @@ def cnn(channels: int, classes: int = 10) -> nn.Sequential:
                          nn.Linear(c * 16, classes))
 
 
+class InvertedResidual(nn.Module):
+    """MobileNetV2's block: a 1x1 expansion to ``width`` channels, a 3x3 depthwise conv, a 1x1
+    projection back to ``channels``, each with BatchNorm, and the residual add."""
+
+    def __init__(self, channels: int, width: int) -> None:
+        super().__init__()
+        self.block = nn.Sequential(
+            nn.Conv2d(channels, width, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU6(),
+            nn.Conv2d(width, width, 3, padding=1, groups=width, bias=False),
+            nn.BatchNorm2d(width), nn.ReLU6(),
+            nn.Conv2d(width, channels, 1, bias=False), nn.BatchNorm2d(channels))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.block(x)
+
+
+def mbconv(width: int, classes: int = 10, channels: int = 8) -> nn.Sequential:
+    """A tiny MobileNetV2 for 8x8 images: a 3x3 stem of ``channels``, two inverted residual
+    blocks expanding to ``width`` (the curve's width) around a max-pool, a linear head."""
+    return nn.Sequential(
+        nn.Conv2d(1, channels, 3, padding=1, bias=False), nn.BatchNorm2d(channels), nn.ReLU6(),
+        InvertedResidual(channels, width), nn.MaxPool2d(2), InvertedResidual(channels, width),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(channels, classes))
+
+
 def _sklearn_task(name: str, loader: Callable, width: int, seed: int) -> Task:
     splits = _split_sklearn(loader, seed)
     inputs, classes = splits["train"][0].shape[1], int(splits["train"][1].max()) + 1
@@ -155,12 +180,18 @@ def digits_cnn(seed: int) -> Task:
     return Task("digits_cnn", splits, cnn, 4)
 
 
+def digits_mbconv(seed: int) -> Task:
+    """The digits images of :func:`digits_cnn` through :func:`mbconv`, expanding to 8 at the
+    start (a ratio of 1): the widths grown and curved are the blocks' expansions."""
+    return Task("digits_mbconv", load_task("digits_cnn", seed).splits, mbconv, 8)
+
+
 TASKS: dict[str, Callable[[int], Task]] = {
     "digits": digits, "wine": wine, "breast_cancer": breast_cancer, "spirals": spirals,
-    "mnist1d": mnist1d, "digits_cnn": digits_cnn}
+    "mnist1d": mnist1d, "digits_cnn": digits_cnn, "digits_mbconv": digits_mbconv}
 
-COST = {"mnist1d": 4, "digits_cnn": 4, "digits": 2, "spirals": 2, "wine": 1,
-        "breast_cancer": 1}
+COST = {"mnist1d": 4, "digits_cnn": 4, "digits_mbconv": 6, "digits": 2, "spirals": 2,
+        "wine": 1, "breast_cancer": 1}
 """Rough relative run cost, to start the long runs first (better packing across jobs)."""
 
 

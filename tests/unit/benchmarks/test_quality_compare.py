@@ -141,3 +141,27 @@ def test_every_arm_that_grows_neurons_gets_as_many_steps_as_sets_the_default_too
     for overrides in ({}, {"growth": "auto"}, {"growth": "neurons"}):  # {}: the default, auto
         assert quality.make_config(setup, 1, 0, overrides).max_neuron_steps == 3, overrides
     assert quality.make_config(setup, 1, 0, {"growth": "dendrites"}).max_dendrites == 3
+
+
+def test_the_mobilenet_task_grows_its_expansions_through_the_depthwise_convs() -> None:
+    import torch
+
+    import perfora
+
+    load("quality")
+    tasks = sys.modules["quality_tasks"]
+    model = perfora.perforate(tasks.mbconv(8)).eval()
+    plan = perfora.plan_widening(model)
+    assert plan.widenable == ["3.block.0", "5.block.0"]  # each block's expansion, nothing else
+    assert [p for p, _ in plan.layers["3.block.0"].through] == ["3.block.1", "3.block.2",
+                                                                "3.block.3", "3.block.4",
+                                                                "3.block.5"]
+    x = torch.randn(4, 1, 8, 8, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        before = model(x)
+        for path in plan.widenable:
+            perfora.widen(model, path, 8)
+        assert torch.equal(model(x), before)
+    wide = perfora.perforate(tasks.mbconv(16))  # what the curve's 2x point trains
+    assert sum(p.numel() for p in model.parameters()) == \
+        sum(p.numel() for p in wide.parameters())
