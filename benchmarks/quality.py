@@ -64,7 +64,15 @@ import quality_report as rep
 import quality_stats as qs
 import settings_arg
 import torch
-from quality_tasks import COST, TASKS, WIDTH_MULTIPLIERS, Task, curve_widths, load_task
+from quality_tasks import (
+    COST,
+    NAMED_ONLY,
+    TASKS,
+    WIDTH_MULTIPLIERS,
+    Task,
+    curve_widths,
+    load_task,
+)
 from torch import nn
 
 from perfora import ConfigError, GrowthController, PerforaConfig, perforate
@@ -333,7 +341,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--quick", action="store_true", help="3 seeds, short caps")
     parser.add_argument("--seeds", type=int, default=None, help="number of seeds (default 5)")
     parser.add_argument("--datasets", nargs="+", choices=list(TASKS), default=None,
-                        metavar="TASK", help=f"subset of tasks: {', '.join(TASKS)}")
+                        metavar="TASK", help=f"subset of tasks: {', '.join(TASKS)} (by default "
+                        f"all but {', '.join(NAMED_ONLY)}, run when named)")
     parser.add_argument("--arms", nargs="+", default=None, metavar="NAME",
                         help=f"subset of arms: {', '.join(ARMS)} (and custom with --set)")
     settings_arg.add_set_argument(
@@ -442,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
         setup = Setup(patience=10, max_dendrites=4, max_epochs=2000)
     selected, skipped = _accepted_arms(parser, arms, selected, setup)
     seeds = list(range(args.seeds or (3 if args.quick else 5)))
-    tasks = args.datasets or list(TASKS)
+    tasks = args.datasets or [t for t in TASKS if t not in NAMED_ONLY]
 
     jobs = []
     for task in tasks:
