@@ -71,6 +71,7 @@ from quality_tasks import (
     WIDTH_MULTIPLIERS,
     Task,
     curve_widths,
+    default_tasks,
     load_task,
 )
 from torch import nn
@@ -451,7 +452,7 @@ def main(argv: list[str] | None = None) -> int:
         setup = Setup(patience=10, max_dendrites=4, max_epochs=2000)
     selected, skipped = _accepted_arms(parser, arms, selected, setup)
     seeds = list(range(args.seeds or (3 if args.quick else 5)))
-    tasks = args.datasets or [t for t in TASKS if t not in NAMED_ONLY]
+    tasks = args.datasets or default_tasks()
 
     jobs = []
     for task in tasks:

@@ -193,6 +193,11 @@ TASKS: dict[str, Callable[[int], Task]] = {
 NAMED_ONLY = ("digits_mbconv",)
 """Tasks a run leaves out unless ``--datasets`` names them (measured apart from the stored run)."""
 
+
+def default_tasks() -> list[str]:
+    """The tasks a run without ``--datasets`` runs: the stored run's six."""
+    return [name for name in TASKS if name not in NAMED_ONLY]
+
 COST = {"mnist1d": 4, "digits_cnn": 4, "digits_mbconv": 6, "digits": 2, "spirals": 2,
         "wine": 1, "breast_cancer": 1}
 """Rough relative run cost, to start the long runs first (better packing across jobs)."""

@@ -93,6 +93,11 @@ def in_layout(t: torch.Tensor, layout: Layout) -> torch.Tensor:
     return t.permute(layout).contiguous().permute(inverse)
 
 
+def same_layout(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``t`` laid out in memory as ``like`` is (a widened or narrowed weight as its old one)."""
+    return in_layout(t, dim_order(like))
+
+
 def block_of(t: torch.Tensor, dim: int, start: int, length: int) -> torch.Tensor:
     """``t.narrow(dim, start, length)`` as a dense copy in ``t``'s own layout."""
     return in_layout(t.narrow(dim, start, length), dim_order(t))

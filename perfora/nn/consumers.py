@@ -266,10 +266,9 @@ def _follow(pre: str, name: str, producer: nn.Module,
             entry.consumers.append((cpath, have // width))
             return entry
         elif is_grouped_conv(child):
-            why = grouped_reason(cpath, child, width, axis, flat)
+            why = _pass_depthwise(entry, cpath, child, width, axis, flat)
             if why:
                 return refuse(path, why, by)
-            entry.through.append((cpath, axis))
         elif isinstance(child, JOINT_NORMS):
             return refuse(path, f"its outputs are normalised jointly by {cpath} "
                                  f"({type(child).__name__})", by)
@@ -340,6 +339,16 @@ def _after_flatten(path: str, module: nn.Module) -> str | None:
             "flatten")
 
 
+def _pass_depthwise(entry: LayerPlan, path: str, module: nn.Module, width: int, axis: int,
+                    flat: bool) -> str | None:
+    """Put the grouped conv at ``path`` among ``entry``'s modules on the way, where it is a
+    depthwise conv a widening passes through; else why not."""
+    why = grouped_reason(path, module, width, axis, flat)
+    if why is None:
+        entry.through.append((path, axis))
+    return why
+
+
 def _unknown_reader(path: str, module: nn.Module) -> str:
     """Why a widening stops at ``module``: its use of new neurons is unknown."""
     return (f"its output goes to {path} ({type(module).__name__}), whose use of new neurons "
@@ -372,10 +381,9 @@ def _follow_graph(model: nn.Module, start: torch.fx.Node) -> LayerPlan:
                 entry.consumers.append((target, have // width))
                 continue
             if is_grouped_conv(module):
-                why = grouped_reason(target, module, width, axis, flat)
+                why = _pass_depthwise(entry, target, module, width, axis, flat)
                 if why:
                     return refuse(path, why, by)
-                entry.through.append((target, axis))
             elif isinstance(module, BN_TYPES):
                 entry.through.append((target, 1))
             elif isinstance(module, (*ELEMENTWISE, *DROPOUT, *POOLING)):

@@ -17,15 +17,7 @@ import torch
 from torch import nn
 
 from ..errors import PerforationError
-from .blocks import (
-    BN_TYPES,
-    BlockedBatchNorm,
-    BlockedLayer,
-    Blockwise,
-    dim_order,
-    in_layout,
-    is_hf_conv1d,
-)
+from .blocks import BN_TYPES, BlockedBatchNorm, BlockedLayer, Blockwise, is_hf_conv1d, same_layout
 from .layers import DendriticLayer
 from .plan_types import WIDTH_EXACT, is_grouped_conv
 
@@ -63,7 +55,7 @@ def _cut_param(owner: nn.Module, name: str, dim: int, size: int,
     old = getattr(owner, name)
     if old is None:
         return
-    data = in_layout(old.detach().narrow(dim, 0, size).clone(), dim_order(old))
+    data = same_layout(old.detach().narrow(dim, 0, size).clone(), old)
     new = make(data) if make is not None else nn.Parameter(data, requires_grad=old.requires_grad)
     setattr(owner, name, new)
 
@@ -97,12 +89,8 @@ def _shrink_producer(module: nn.Module, k: int, path: str) -> None:
 
 def _shrink_dendritic_producer(layer: DendriticLayer, k: int, path: str) -> None:
     """Drop the new neurons' bank rows, mask columns, ``v`` and cascade columns."""
-    if layer.has_candidate:
-        layer.merge_candidate()
-    n, kd = layer.num_neurons, layer.num_dendrites
+    n, kd = change_neuron_count(layer, -k)
     keep = n - k
-    layer.num_neurons = keep
-    layer._index_cache = None
     if kd == 0:
         return
     with torch.no_grad():
@@ -120,6 +108,17 @@ def _shrink_dendritic_producer(layer: DendriticLayer, k: int, path: str) -> None
                                        "new neurons; remove those dendrite sets first")
             layer.dendrite_mask = layer.dendrite_mask[:, :keep].clone()
         _cut_columns(layer, keep)
+
+
+def change_neuron_count(layer: DendriticLayer, change: int) -> tuple[int, int]:
+    """Merge a candidate trained apart and change ``layer``'s neuron count by ``change`` (a
+    widening's k, or a narrowing's -k); returns the neurons before and the dendrite sets."""
+    if layer.has_candidate:
+        layer.merge_candidate()
+    n, kd = layer.num_neurons, layer.num_dendrites
+    layer.num_neurons = n + change
+    layer._index_cache = None
+    return n, kd
 
 
 def _cut_columns(layer: DendriticLayer, keep: int) -> None:
@@ -145,11 +144,7 @@ def _shrink_depthwise(module: nn.Module, k: int, path: str) -> None:
         return
     if module.grouped:
         _shrink_bn(module.base[1], k, path)
-    if module.has_candidate:
-        module.merge_candidate()
-    n, kd = module.num_neurons, module.num_dendrites
-    module.num_neurons = n - k
-    module._index_cache = None
+    n, kd = change_neuron_count(module, -k)
     if kd == 0:
         return
     with torch.no_grad():

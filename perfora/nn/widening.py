@@ -29,18 +29,10 @@ import torch
 from torch import nn
 
 from ..errors import PerforationError
-from .blocks import (
-    BN_TYPES,
-    CONV_TYPES,
-    Blockwise,
-    dim_order,
-    in_layout,
-    is_hf_conv1d,
-    make_blocked,
-)
+from .blocks import BN_TYPES, CONV_TYPES, Blockwise, is_hf_conv1d, make_blocked, same_layout
 from .consumers import LayerPlan, plan_widening
 from .layers import DendriticLayer, dendritic_layers, unwrap_model
-from .narrowing import narrow_widenings
+from .narrowing import change_neuron_count, narrow_widenings
 from .plan_types import WIDTH_EXACT, is_grouped_conv
 
 
@@ -101,8 +93,7 @@ def widen(model: nn.Module, layer: str | LayerPlan, k: int,
     if isinstance(layer, str):
         plan = plan_widening(inner, pairs=pairs)
         if layer not in plan.layers:
-            raise PerforationError(f"widen(): {layer!r} is not a Linear, Conv or Conv1D layer "
-                                   f"of this model; layers: {sorted(plan.layers)[:8]}")
+            raise PerforationError(_not_a_producer(inner, layer, plan.layers))
         entry = plan.layers[layer]
     else:
         entry = layer
@@ -126,6 +117,20 @@ def widen(model: nn.Module, layer: str | LayerPlan, k: int,
     target = inner.get_submodule(entry.path)
     target.widenings = [*(record or []), _jsonable(event)]
     return entry
+
+
+def _not_a_producer(root: nn.Module, path: str, known: Mapping[str, Any]) -> str:
+    """Why ``path`` is not a layer ``widen`` can give neurons."""
+    try:
+        module = root.get_submodule(path)
+    except AttributeError:
+        module = None
+    if module is not None and is_grouped_conv(module):
+        return (f"widen(): {path!r} is a grouped convolution, which cannot gain neurons of its "
+                "own; a depthwise conv gains channels with the layer that feeds it: widen that "
+                "one")
+    return (f"widen(): {path!r} is not a Linear, Conv or Conv1D layer of this model; layers: "
+            f"{sorted(known)[:8]}")
 
 
 def _jsonable(event: dict) -> dict:
@@ -190,7 +195,7 @@ def _grow_param(owner: nn.Module, name: str, extra: torch.Tensor, dim: int) -> N
     """``extra`` appended to parameter ``name`` along ``dim``, in the old tensor's memory
     layout (a channels_last weight stays so: the blocks' calls then match the narrow one's)."""
     old = getattr(owner, name)
-    data = in_layout(torch.cat([old.detach(), extra.to(old)], dim), dim_order(old))
+    data = same_layout(torch.cat([old.detach(), extra.to(old)], dim), old)
     setattr(owner, name, nn.Parameter(data, requires_grad=old.requires_grad))
 
 
@@ -240,11 +245,7 @@ def _widen_dendritic_producer(layer: DendriticLayer, k: int,
                               generator: torch.Generator | None) -> None:
     """New neurons on a dendritic layer: full sets gain random bank rows, chosen-neuron sets
     do not feed them; ``v`` and the cascade gain zero columns (the output is unchanged)."""
-    if layer.has_candidate:
-        layer.merge_candidate()
-    n, kd = layer.num_neurons, layer.num_dendrites
-    layer.num_neurons = n + k
-    layer._index_cache = None
+    n, kd = change_neuron_count(layer, k)
     if kd == 0:
         return
     with torch.no_grad():
@@ -292,11 +293,7 @@ def _widen_depthwise(module: nn.Module, k: int, generator: torch.Generator | Non
         return
     if module.grouped:
         _widen_bn(module.base[1], k)
-    if module.has_candidate:
-        module.merge_candidate()
-    n, kd = module.num_neurons, module.num_dendrites
-    module.num_neurons = n + k
-    module._index_cache = None
+    n, kd = change_neuron_count(module, k)
     if kd == 0:
         return
     with torch.no_grad():

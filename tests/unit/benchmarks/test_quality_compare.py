@@ -165,3 +165,13 @@ def test_the_mobilenet_task_grows_its_expansions_through_the_depthwise_convs() -
     wide = perfora.perforate(tasks.mbconv(16))  # what the curve's 2x point trains
     assert sum(p.numel() for p in model.parameters()) == \
         sum(p.numel() for p in wide.parameters())
+
+
+def test_a_run_without_datasets_runs_the_stored_six_tasks_and_the_mobilenet_one_when_named(
+) -> None:
+    quality = load("quality")
+    tasks = sys.modules["quality_tasks"]
+    assert tasks.default_tasks() == ["digits", "wine", "breast_cancer", "spirals", "mnist1d",
+                                     "digits_cnn"]
+    assert quality.build_parser().parse_args(["--datasets", "digits_mbconv"]).datasets == \
+        ["digits_mbconv"]

@@ -153,6 +153,14 @@ def test_other_grouped_convs_are_refused_with_the_reason_before_any_change(dw, r
     assert model[0].num_neurons == 8 and model[3].source.in_channels == 8
 
 
+def test_widening_the_depthwise_conv_itself_says_to_widen_the_layer_that_feeds_it():
+    model = perfora.perforate(_chain())
+    with pytest.raises(perfora.PerforationError, match=r"'3' is a grouped convolution, which "
+                                                       r"cannot gain neurons of its own"):
+        perfora.widen(model, "3", 2)
+    assert model[3].source.groups == 8
+
+
 def test_a_widened_depthwise_model_saves_loads_and_exports(tmp_path):
     model = perfora.perforate(_chain())
     _with_dendrites(model, 1)
