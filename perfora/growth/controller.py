@@ -27,6 +27,7 @@ from ..parallel import ParallelBackend, backend_of
 from ..rules import make_rule
 from . import surgery
 from .compile_room import make_room_for_recompiles
+from .history_marks import decision_cells
 from .neuron_growth import arm_widening_signal, check_neuron_growth, grow_neurons
 from .on_request import OnRequestMethods
 from .optimizer_slot import OptimizerMethods, OptimizerSlot
@@ -43,16 +44,15 @@ from .widening_signal import WideningSignal
 
 
 class GrowthController(OnRequestMethods, OptimizerMethods, CheckpointMethods):
-    """Decides, once per epoch, whether to keep training, add dendrites, or stop.
+    """Decides, once per epoch, whether to keep training, grow (dendrites, neurons) or stop.
 
     ``model`` must already be perforated (see :func:`perfora.perforate`); it may be wrapped
     in ``DistributedDataParallel`` or ``DataParallel``: then every decision that changes what
     trains returns a new wrapper of the same kind, built with the same arguments, in
-    ``decision.model`` (use it from then on). Settings come
-    from ``config`` (a PerforaConfig or a mapping of settings) and/or keyword arguments
-    (``GrowthController(model, maximize=False)``).
-    With ``run_dir`` the controller writes checkpoints, metrics.csv, best_arch_scores.csv,
-    history.png and run.json there.
+    ``decision.model`` (use it from then on). Settings come from ``config`` (a PerforaConfig
+    or a mapping of settings) and/or keyword arguments (``GrowthController(model,
+    maximize=False)``). With ``run_dir`` the controller writes checkpoints, metrics.csv,
+    best_arch_scores.csv, history.png and run.json there.
     """
 
     def __init__(self, model: nn.Module,
@@ -193,10 +193,9 @@ class GrowthController(OnRequestMethods, OptimizerMethods, CheckpointMethods):
         return self.state.auto_kind if self.config.growth == "auto" else self.config.growth
 
     def _grow(self, kind: str | None = None, kept: bool = False) -> str:
-        """Grow (a dendrite set on every layer, or neurons: ``kind``, else what the config
-        and auto's choice say), then set and rebuild what trains; returns what a neuron
-        step added (empty for dendrites). ``kept``: the optimizer's state was kept already
-        (before a rewind)."""
+        """Grow ``kind`` (default: the config's, or auto's choice): a dendrite set on every
+        layer, or neurons; then rebuild what trains. Returns what a neuron step added (empty
+        for dendrites). ``kept``: the optimizer's state was kept already (before a rewind)."""
         kind = kind or self._grow_kind()
         if kind == "neurons":
             if not kept:
@@ -287,6 +286,8 @@ class GrowthController(OnRequestMethods, OptimizerMethods, CheckpointMethods):
         if verdict.improved_best:
             self._best = surgery.snapshot_best(self.model, self.backend)
         kind = self._grow_kind() if verdict.grow else None
+        row.update(decision_cells(kind, self.state.best_epoch
+                                  if verdict.rewind and self._best is not None else None))
         if kind == "neurons":
             # kept before the rewind: under FSDP and ZeRO-3 the rewind re-shards, and the
             # optimizer then holds parameters the model no longer has

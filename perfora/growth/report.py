@@ -20,6 +20,7 @@ from ..checkpoint.files import (
     atomic_write_text,
     remove_stale_temp_files,
 )
+from .history_marks import HistoryMarks, history_marks
 
 METRIC_COLUMNS = ["epoch", "phase", "dendrites", "val_score", "running_score", "test_score",
                   "lr", "params", "seconds", "event"]
@@ -165,10 +166,7 @@ class RunReport:
         extra_keys = [k for k in history[-1] if k.startswith("extra/")]
         for key in extra_keys:
             ax.plot(epochs, series(key), label=key[6:], lw=0.8, alpha=0.8)
-        for i, e in enumerate(switch_epochs):
-            ax.axvline(e + 0.5, color="tab:red", ls="--", lw=0.8,
-                       label=("neurons added" if "widenings" in history[-1]
-                              else "dendrites added") if i == 0 else None)
+        _mark_growth(ax, history_marks(history, switch_epochs))
         phase_changes = [r["epoch"] for r in history if r.get("event") == "phase_change"]
         for i, e in enumerate(phase_changes):
             ax.axvline(e + 0.5, color="tab:blue", ls=":", lw=0.8,
@@ -198,6 +196,31 @@ class RunReport:
         buf = io.BytesIO()
         fig.savefig(buf, format="png")
         atomic_write_bytes(self.run_dir / "history.png", buf.getvalue())
+
+
+_STEP_STYLE = {"dendrites": ("tab:red", "--", "dendrite set added"),
+               "neurons": ("tab:orange", "-.", "neurons added")}
+
+
+def _mark_growth(ax: Any, marks: HistoryMarks) -> None:
+    """Each growth step as a line styled by its kind (faded when a rewind undid it), and the
+    epochs a rewind to the best model undid as grey spans."""
+    labelled: set[str] = set()
+
+    def label(text: str) -> str | None:
+        if text in labelled:
+            return None
+        labelled.add(text)
+        return text
+
+    for best, at in marks.undone_spans:
+        ax.axvspan(best + 0.5, at + 0.5, color="0.6", alpha=0.2, lw=0,
+                   label=label("undone (back to the best model)"))
+    for step in marks.steps:
+        color, style, text = _STEP_STYLE[step.kind]
+        ax.axvline(step.epoch + 0.5, color=color, ls=style, lw=0.8,
+                   alpha=0.35 if step.undone else 1.0,
+                   label=label(f"{text}, undone" if step.undone else text))
 
 
 def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]] | None:

@@ -69,7 +69,7 @@ class Decision:
 
 
 _NUMERIC_COLUMNS = ("val_score", "running_score", "test_score", "lr", "params", "seconds",
-                    "dendrites", "widenings")
+                    "dendrites", "widenings", "rewound_to")
 
 
 def _check_history(rows: Any, where: str) -> None:
@@ -84,7 +84,7 @@ def _check_history(rows: Any, where: str) -> None:
             cell = f"{at}[{key!r}]"
             if key in _NUMERIC_COLUMNS or key.startswith(("extra/", "rule/")):
                 check_number(value, cell, finite=False, optional=True)
-            elif key in ("phase", "event", "reason"):
+            elif key in ("phase", "event", "reason", "grown"):
                 check_str(value, cell, optional=True)
             elif not (value is None or isinstance(value, bool | int | float | str)):
                 raise fail(cell, "a number, string or null", value)

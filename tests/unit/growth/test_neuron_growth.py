@@ -13,6 +13,7 @@ from torch import nn
 
 import perfora
 from perfora.errors import ConfigError, PerforationError
+from perfora.growth.history_marks import history_marks
 from perfora.nn.widening import gradmax_rows
 
 X = torch.randn(64, 6, generator=torch.Generator().manual_seed(0))
@@ -199,6 +200,12 @@ def test_a_resumed_auto_run_equals_an_uninterrupted_one(tmp_path):
     assert a.keys() == b.keys()
     for key in a:
         assert torch.equal(a[key], b[key]), key
+    # the resumed history (metrics.csv's rows before the cut, then its own) marks the same
+    # steps, kinds and undone epochs as the whole run's, so its history.png does too
+    marks = history_marks(whole.state.history, whole.state.switch_epochs)
+    assert history_marks(resumed.state.history, resumed.state.switch_epochs) == marks
+    assert [s.kind for s in marks.steps] == ["dendrites", "dendrites", "neurons", "neurons"]
+    assert [s.undone for s in marks.steps] == [False, True, False, False]
 
 
 def test_neuron_growth_is_refused_where_it_cannot_run():

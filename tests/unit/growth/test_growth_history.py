@@ -1,0 +1,94 @@
+"""The growth history says what was grown and what a rewind undid: metrics.csv's ``grown`` and
+``rewound_to`` columns, and the marks history.png draws from them."""
+
+from __future__ import annotations
+
+import matplotlib.image
+import torch
+from torch import nn
+
+import perfora
+from perfora.growth.history_marks import GrowthMark, history_marks
+from perfora.growth.report import read_metrics
+
+X = torch.randn(64, 6, generator=torch.Generator().manual_seed(0))
+Y = (X[:, 0] * X[:, 1] > 0).long() + (X[:, 2] > 0.5).long()
+
+
+def _auto_run(run_dir, scores, **settings) -> perfora.GrowthController:
+    """A controller grown at every epoch on ``scores``, writing its run files."""
+    torch.manual_seed(0)
+    model = perfora.perforate(nn.Sequential(nn.Linear(6, 4), nn.Tanh(), nn.Linear(4, 3)))
+    ctl = perfora.GrowthController(model, growth="auto", switch_mode="every_epoch",
+                                   max_dendrites=3, max_neuron_steps=3, run_dir=run_dir,
+                                   save_checkpoints=False, **settings)
+    ctl.set_optimizer(torch.optim.Adam, lr=0.01)
+    opt, _ = ctl.build_optimizer()
+    for score in scores:
+        model.train()
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(X), Y).backward()
+        opt.step()
+        decision = ctl.step(score)
+        model, opt = decision.model, decision.optimizer
+        if decision.complete:
+            break
+    return ctl
+
+
+def test_each_restructure_names_its_kind_and_the_epoch_it_went_back_to(tmp_path):
+    # higher is better: dendrites pay (epoch 2), fail (3); neurons pay (4), fail (5);
+    # dendrites fail too (6) -> complete on the best model (epoch 4)
+    ctl = _auto_run(tmp_path, (0.5, 0.6, 0.55, 0.7, 0.65, 0.6), maximize=True)
+    assert ctl.completed
+    rows = ctl.state.history
+    assert [r.get("grown") for r in rows] == ["dendrites", "dendrites", "neurons", "neurons",
+                                              "dendrites", None]
+    # auto grows every step on the best model; a failed step's cycle goes back before it
+    assert [r.get("rewound_to") for r in rows] == [1, 2, 2, 4, 4, 4]
+    # metrics.csv holds the same cells, read back as the controller recorded them
+    written = read_metrics(tmp_path / "metrics.csv")
+    assert [r.get("grown") for r in written] == [r.get("grown") for r in rows]
+    assert [r.get("rewound_to") for r in written] == [1, 2, 2, 4, 4, 4]
+
+
+def test_the_plot_marks_each_step_by_kind_and_the_steps_a_rewind_undid(tmp_path):
+    ctl = _auto_run(tmp_path, (0.5, 0.6, 0.55, 0.7, 0.65, 0.6), maximize=True)
+    marks = history_marks(ctl.state.history, ctl.state.switch_epochs)
+    assert marks.steps == [GrowthMark(1, "dendrites", False), GrowthMark(2, "dendrites", True),
+                           GrowthMark(3, "neurons", False), GrowthMark(4, "neurons", True),
+                           GrowthMark(5, "dendrites", True)]
+    assert marks.undone_spans == [(2, 3), (4, 5), (4, 6)]
+    assert matplotlib.image.imread(tmp_path / "history.png").ndim == 3
+    # the marks read back from metrics.csv are the same (the plot of a resumed run)
+    assert history_marks(read_metrics(tmp_path / "metrics.csv"),
+                         ctl.state.switch_epochs) == marks
+
+
+def test_rows_without_the_columns_take_the_kind_from_their_reason():
+    history = [{"epoch": 3, "reason": "plateau: added dendrite set 1"},
+               {"epoch": 7, "reason": "plateau: added neuron step 1 (0: +4 random)"},
+               {"epoch": 9, "reason": ""}]
+    marks = history_marks(history, [3, 7])
+    assert marks.steps == [GrowthMark(3, "dendrites", False), GrowthMark(7, "neurons", False)]
+    assert marks.undone_spans == []
+
+
+def test_dendrite_growth_that_keeps_failed_sets_marks_them_undone_at_completion():
+    # growth='dendrites' keeps a set that fails and grows on (retain_all_dendrites); the
+    # completion goes back to the best model, before the sets that did not pay
+    torch.manual_seed(0)
+    model = perfora.perforate(nn.Sequential(nn.Linear(6, 4), nn.Tanh(), nn.Linear(4, 3)))
+    ctl = perfora.GrowthController(model, growth="dendrites", switch_mode="every_epoch",
+                                   max_dendrites=3, maximize=True, write_files=False)
+    ctl.set_optimizer(torch.optim.Adam, lr=0.01)
+    ctl.build_optimizer()
+    for score in (0.5, 0.6, 0.55, 0.54, 0.53):
+        decision = ctl.step(score)
+        if decision.complete:
+            break
+    assert ctl.completed
+    marks = history_marks(ctl.state.history, ctl.state.switch_epochs)
+    assert [(m.epoch, m.kind, m.undone) for m in marks.steps] == [
+        (1, "dendrites", False), (2, "dendrites", True), (3, "dendrites", True)]
+    assert marks.undone_spans == [(2, 4)]
