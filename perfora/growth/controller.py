@@ -193,9 +193,9 @@ class GrowthController(OnRequestMethods, OptimizerMethods, CheckpointMethods):
         return self.state.auto_kind if self.config.growth == "auto" else self.config.growth
 
     def _grow(self, kind: str | None = None, kept: bool = False) -> str:
-        """Grow ``kind`` (default: the config's, or auto's choice): a dendrite set on every
-        layer, or neurons; then rebuild what trains. Returns what a neuron step added (empty
-        for dendrites). ``kept``: the optimizer's state was kept already (before a rewind)."""
+        """Grow ``kind`` (default: the config's, or auto's choice), rebuild what trains, and
+        say where: a neuron step's layers, selective sets' neurons ('' for full sets).
+        ``kept``: the optimizer's state was kept already (before a rewind)."""
         kind = kind or self._grow_kind()
         if kind == "neurons":
             if not kept:
@@ -221,7 +221,7 @@ class GrowthController(OnRequestMethods, OptimizerMethods, CheckpointMethods):
             self._usage.after_restructure(self._layers())
         make_room_for_recompiles((self.state.additions if self.config.growth == "auto"
                                   else self.state.num_dendrites) + 1)
-        return ""
+        return surgery.describe_newest_sets(self._layers())
 
     def _rewind_to_best(self) -> None:
         """Give the model the best snapshot's structure and weights (nothing without one)."""

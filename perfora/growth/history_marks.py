@@ -5,8 +5,10 @@ A restructure row of the history names the kind it grew (``grown``: 'dendrites' 
 'neurons'), and a row whose decision went back to the best model names that model's epoch
 (``rewound_to``). A step grown after epoch ``s`` is undone when a later rewind, at epoch
 ``t``, went back to a best epoch ``b`` with ``b <= s < t``: the best snapshot is taken before
-that epoch's growth, so the step is not in it. Rows written before these columns existed give
-the kind from their reason, and no rewinds.
+that epoch's growth, so the step is not in it. The controller state records each step's kind
+(``growth_kinds``, also for a growth on request, which writes no row); a state saved before
+it did takes the kind from the history rows, and rows written before these columns existed
+from their reason (and give no rewinds).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-KINDS = ("dendrites", "neurons")
+from .state import GROWTH_STEP_KINDS
 
 
 @dataclass(frozen=True)
@@ -45,18 +47,21 @@ def decision_cells(grown: str | None, rewound_to: int | None) -> dict[str, Any]:
 def _kind(row: Mapping[str, Any]) -> str:
     """The kind a restructure row grew: its ``grown`` cell, else read from its reason."""
     grown = row.get("grown")
-    if grown in KINDS:
+    if grown in GROWTH_STEP_KINDS:
         return str(grown)
     return "neurons" if "added neuron step" in str(row.get("reason") or "") else "dendrites"
 
 
-def history_marks(history: Sequence[Mapping[str, Any]],
-                  switch_epochs: Sequence[int]) -> HistoryMarks:
-    """The growth steps at ``switch_epochs`` with their kinds, and which rewinds undid them."""
+def history_marks(history: Sequence[Mapping[str, Any]], switch_epochs: Sequence[int],
+                  kinds: Sequence[str] = ()) -> HistoryMarks:
+    """The growth steps at ``switch_epochs`` with their kinds (``kinds``, one per step, as the
+    controller state records them; else from the history rows), and which rewinds undid
+    them."""
     rows = {row.get("epoch"): row for row in history}
+    if len(kinds) != len(switch_epochs):  # a state saved before it recorded the kinds
+        kinds = [_kind(rows.get(epoch, {})) for epoch in switch_epochs]
     rewinds = [(int(row["rewound_to"]), int(row["epoch"])) for row in history
                if isinstance(row.get("rewound_to"), int)]
-    steps = [GrowthMark(epoch, _kind(rows.get(epoch, {})),
-                        any(best <= epoch < at for best, at in rewinds))
-             for epoch in switch_epochs]
+    steps = [GrowthMark(epoch, kind, any(best <= epoch < at for best, at in rewinds))
+             for epoch, kind in zip(switch_epochs, kinds, strict=True)]
     return HistoryMarks(steps, [(best, at) for best, at in rewinds if at > best])

@@ -183,7 +183,7 @@ def grow_neurons(model: nn.Module, config: PerforaConfig, state: ControllerState
                         reduce_signal(signal, model, targets), scope)
     if signal is not None:
         signal.clear()
-    record_growth(state, model)
+    record_growth(state, model, "neurons")
     return step
 
 

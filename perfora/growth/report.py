@@ -140,7 +140,8 @@ class RunReport:
         atomic_write_text(self.run_dir / "run.json", json.dumps(info, indent=2, default=str))
 
     def draw_history(self, history: Sequence[Mapping[str, Any]],
-                     switch_epochs: Sequence[int], maximize: bool) -> None:
+                     switch_epochs: Sequence[int], maximize: bool,
+                     kinds: Sequence[str] = ()) -> None:
         """history.png: scores with phase changes marked, learning rate, params, epoch time."""
         if not history:
             return
@@ -166,7 +167,7 @@ class RunReport:
         extra_keys = [k for k in history[-1] if k.startswith("extra/")]
         for key in extra_keys:
             ax.plot(epochs, series(key), label=key[6:], lw=0.8, alpha=0.8)
-        _mark_growth(ax, history_marks(history, switch_epochs))
+        _mark_growth(ax, history_marks(history, switch_epochs, kinds))
         phase_changes = [r["epoch"] for r in history if r.get("event") == "phase_change"]
         for i, e in enumerate(phase_changes):
             ax.axvline(e + 0.5, color="tab:blue", ls=":", lw=0.8,

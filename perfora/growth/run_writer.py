@@ -182,7 +182,8 @@ class RunWriter:
         if self.report is None:
             return
         self.report.write_arch_table([state.arch[k] for k in sorted(state.arch, key=int)])
-        self.report.draw_history(state.history, state.switch_epochs, self.config.maximize)
+        self.report.draw_history(state.history, state.switch_epochs, self.config.maximize,
+                                 state.growth_kinds)
 
     def write_checkpoints(self, parts: RunParts, paths: CheckpointPaths, action: str,
                           checkpointer: Checkpointer, gathered: Captured | None = None) -> None:

@@ -68,6 +68,16 @@ class Decision:
         return self.action == COMPLETE
 
 
+GROWTH_STEP_KINDS = ("dendrites", "neurons")
+
+
+def _each(check: Callable[[Any, str], Any]) -> Callable[[Any, str], None]:
+    def check_items(values: Any, where: str) -> None:
+        for i, value in enumerate(check_list(values, where)):
+            check(value, f"{where}[{i}]")
+    return check_items
+
+
 _NUMERIC_COLUMNS = ("val_score", "running_score", "test_score", "lr", "params", "seconds",
                     "dendrites", "widenings", "rewound_to")
 
@@ -134,7 +144,7 @@ class ControllerState:
         "check": partial(check_int, low=0, high=2 * MAX_DENDRITES)})
     """Growth steps of either kind the model holds (the most of any layer): growth='auto'."""
     auto_kind: str = field(default="dendrites", metadata={
-        "check": partial(check_str, choices=("dendrites", "neurons"))})
+        "check": partial(check_str, choices=GROWTH_STEP_KINDS)})
     """growth='auto': the kind the next growth step adds (the one that paid last)."""
     auto_failed: bool = False
     """growth='auto': the other kind's step failed just before the current kind's."""
@@ -142,6 +152,10 @@ class ControllerState:
     additions: int = 0
     completed: bool = False
     switch_epochs: list[int] = field(default_factory=list)
+    growth_kinds: list[str] = field(default_factory=list, metadata={
+        "check": _each(partial(check_str, choices=GROWTH_STEP_KINDS))})
+    """The kind of each growth step in ``switch_epochs``, 'dendrites' or 'neurons' (files
+    of versions before it: empty)."""
     history: list[dict[str, Any]] = field(default_factory=list,
                                           metadata={"check": _check_history})
     arch: dict[str, dict[str, Any]] = field(default_factory=dict,
@@ -184,13 +198,6 @@ class ControllerState:
 def _optional_int(value: Any, where: str) -> None:
     if value is not None:
         check_int(value, where)
-
-
-def _each(check: Callable[[Any, str], Any]) -> Callable[[Any, str], None]:
-    def check_items(values: Any, where: str) -> None:
-        for i, value in enumerate(check_list(values, where)):
-            check(value, f"{where}[{i}]")
-    return check_items
 
 
 _CHECK_BY_TYPE: dict[str, Callable[[Any, str], Any]] = {

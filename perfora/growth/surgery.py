@@ -95,17 +95,30 @@ def grow(model: nn.Module, backend: ParallelBackend, config: PerforaConfig,
     return model
 
 
+def describe_newest_sets(layers: Mapping[str, Any]) -> str:
+    """Where the newest dendrite sets went when some feed only chosen neurons (selective
+    growth), e.g. '0: 4 of 8 neurons, 2: 1 of 2 neurons'; empty when every one is full."""
+    parts = []
+    for path, layer in layers.items():
+        fed = layer.set_neurons() if layer.num_dendrites else None
+        if fed is not None and len(fed[-1]) < layer.num_neurons:
+            parts.append(f"{path}: {len(fed[-1])} of {layer.num_neurons} neurons")
+    return ", ".join(parts)
+
+
 def layer_seed(config: PerforaConfig, state: ControllerState, index: int, path: str) -> int:
     """The seed of a layer's new dendrite weights at this growth step (the same on every
     rank)."""
     return zlib.crc32(f"{config.seed}:{state.additions}:{index}:{path}".encode())
 
 
-def record_growth(state: ControllerState, model: nn.Module) -> None:
-    """Count a growth step in ``state``: what the model holds now, and a new cycle."""
+def record_growth(state: ControllerState, model: nn.Module, kind: str = "dendrites") -> None:
+    """Count a growth step of ``kind`` in ``state``: what the model holds now, and a new
+    cycle."""
     state.additions += 1
     count_structure(state, model)
     state.switch_epochs.append(state.epoch)
+    state.growth_kinds.append(kind)
     state.cycle_start_epoch = state.last_improved_epoch = state.epoch
     state.cycle_scores, state.cycle_best, state.cycle_set_global_best = [], None, False
 

@@ -4,10 +4,12 @@
 from __future__ import annotations
 
 import matplotlib.image
+import pytest
 import torch
 from torch import nn
 
 import perfora
+from perfora.errors import CheckpointError
 from perfora.growth.history_marks import GrowthMark, history_marks
 from perfora.growth.report import read_metrics
 
@@ -92,3 +94,45 @@ def test_dendrite_growth_that_keeps_failed_sets_marks_them_undone_at_completion(
     assert [(m.epoch, m.kind, m.undone) for m in marks.steps] == [
         (1, "dendrites", False), (2, "dendrites", True), (3, "dendrites", True)]
     assert marks.undone_spans == [(2, 4)]
+
+
+def test_the_state_records_each_step_s_kind_growth_on_request_included(tmp_path):
+    torch.manual_seed(0)
+    model = perfora.perforate(nn.Sequential(nn.Linear(6, 4), nn.Tanh(), nn.Linear(4, 3)))
+    ctl = perfora.GrowthController(model, growth="dendrites", run_dir=tmp_path,
+                                   save_checkpoints=False)
+    ctl.set_optimizer(torch.optim.Adam, lr=0.01)
+    ctl.build_optimizer()
+    ctl.step(0.5)
+    ctl.add_neurons()  # on request: no history row of its own
+    ctl.add_dendrites()
+    ctl.step(0.4)
+    assert ctl.state.switch_epochs == [1, 1]
+    assert ctl.state.growth_kinds == ["neurons", "dendrites"]
+    marks = history_marks(ctl.state.history, ctl.state.switch_epochs, ctl.state.growth_kinds)
+    assert [(m.epoch, m.kind) for m in marks.steps] == [(1, "neurons"), (1, "dendrites")]
+    # the kinds travel in the controller's state (checkpoints, resume)
+    saved = ctl.state_dict()
+    assert saved["controller"]["growth_kinds"] == ["neurons", "dendrites"]
+
+
+def test_a_state_saved_before_the_kinds_were_recorded_still_loads_and_plots(tmp_path):
+    ctl = _auto_run(tmp_path, (0.5, 0.6, 0.55), maximize=True)
+    assert ctl.state.growth_kinds == ["dendrites", "dendrites", "neurons"]
+    saved = ctl.state_dict()
+    del saved["controller"]["growth_kinds"]  # as an older version wrote it
+    again = _auto_run(tmp_path / "again", (), maximize=True)
+    again.load_state(saved)
+    assert again.state.growth_kinds == []
+    # the plot then reads each step's kind from its history row
+    marks = history_marks(again.state.history, again.state.switch_epochs,
+                          again.state.growth_kinds)
+    assert [m.kind for m in marks.steps] == ["dendrites", "dendrites", "neurons"]
+
+
+def test_a_saved_growth_kind_that_is_not_one_is_refused(tmp_path):
+    ctl = _auto_run(tmp_path, (0.5,), maximize=True)
+    saved = ctl.state_dict()
+    saved["controller"]["growth_kinds"] = ["branches"]
+    with pytest.raises(CheckpointError, match=r"controller.growth_kinds\[0\]"):
+        ctl.load_state(saved)

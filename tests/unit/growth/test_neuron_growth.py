@@ -202,8 +202,11 @@ def test_a_resumed_auto_run_equals_an_uninterrupted_one(tmp_path):
         assert torch.equal(a[key], b[key]), key
     # the resumed history (metrics.csv's rows before the cut, then its own) marks the same
     # steps, kinds and undone epochs as the whole run's, so its history.png does too
+    assert resumed.state.growth_kinds == whole.state.growth_kinds
     marks = history_marks(whole.state.history, whole.state.switch_epochs)
     assert history_marks(resumed.state.history, resumed.state.switch_epochs) == marks
+    assert history_marks(resumed.state.history, resumed.state.switch_epochs,
+                         resumed.state.growth_kinds) == marks
     assert [s.kind for s in marks.steps] == ["dendrites", "dendrites", "neurons", "neurons"]
     assert [s.undone for s in marks.steps] == [False, True, False, False]
 
