@@ -40,6 +40,7 @@ class WrappedLayer:
     grouped_with: str | None = None
     base_frozen: bool = False
     started_with: int | None = None  # the neurons it had before neuron growth (if widened)
+    fed: list[int] | None = None  # neurons each dendrite set feeds, where some feed only some
 
 
 @dataclass
@@ -57,8 +58,10 @@ class ConversionReport:
             group = f" + {w.grouped_with}" if w.grouped_with else ""
             frozen = "  base frozen (only dendrites train)" if w.base_frozen else ""
             grown = f" (started with {w.started_with})" if w.started_with else ""
+            sets = f" (sets feed {', '.join(map(str, w.fed))} of {w.neurons} neurons)" \
+                if w.fed else ""
             lines.append(f"  {w.path:<{width}}  {w.type}{group}  neurons={w.neurons}{grown} "
-                         f"axis={w.neuron_axis} dendrites={w.dendrites}{frozen}")
+                         f"axis={w.neuron_axis} dendrites={w.dendrites}{sets}{frozen}")
         for path, why in self.skipped:
             lines.append(f"  skipped {path}: {why}")
         if self.outside:
@@ -406,7 +409,8 @@ def describe(model: nn.Module) -> ConversionReport:
             neuron_axis=layer.neuron_axis, dendrites=layer.num_dendrites,
             grouped_with=getattr(layer, "grouped_with", None),
             base_frozen=layer.base_frozen(),
-            started_with=int(blocks[0]) if blocks and len(blocks) > 1 else None))
+            started_with=int(blocks[0]) if blocks and len(blocks) > 1 else None,
+            fed=[len(f) for f in layer.set_neurons() or []] or None))
     inside = {id(p) for layer in layers.values() for p in layer.parameters()}
     for name, p in inner.named_parameters():
         if p.requires_grad and id(p) not in inside:

@@ -286,6 +286,8 @@ def test_selective_error_growth_feeds_the_top_neurons_only():
         fed = layer.set_neurons()
         assert [len(f) for f in fed] == [layer.num_neurons // 2] * 2
     # the reason says where each set went
+    assert [w.fed for w in perfora.describe(model).wrapped] == [[4, 4], [1, 1]]
+    assert "dendrites=2 (sets feed 4, 4 of 8 neurons)" in str(perfora.describe(model))
     reasons = [row["reason"] for row in ctl.state.history if row.get("grown")]
     assert reasons == [f"plateau: added dendrite set {n} (0: 4 of 8 neurons, 2: 1 of 2 neurons)"
                        for n in (1, 2)]
@@ -293,6 +295,7 @@ def test_selective_error_growth_feeds_the_top_neurons_only():
     assert sum(p.numel() for p in model.parameters()) < sum(p.numel() for p in plain.parameters())
     assert [row["reason"] for row in plain_ctl.state.history if row.get("grown")][0] == \
         "plateau: added dendrite set 1"  # full sets: every neuron of every layer
+    assert [w.fed for w in perfora.describe(plain).wrapped] == [None, None]
 
 
 def test_error_init_grows_trained_candidates_not_random_ones():
