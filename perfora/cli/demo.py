@@ -16,6 +16,7 @@ from torch import nn
 
 from ..config import PerforaConfig
 from ..growth import GrowthController
+from ..growth.history_marks import describe_growth, history_marks
 from ..nn.perforation import perforate
 
 SPLIT_SEED = 1234  # the train/validation/test split is fixed, whatever --seed says
@@ -50,6 +51,8 @@ class ArmResult:
     seconds: float
     restructures: int
     run_dir: str
+    growth: str = ""
+    """What the run grew and kept, in order, and how many steps it undid."""
 
 
 def load_digits_data() -> DemoData:
@@ -137,7 +140,9 @@ def run_arm(name: str, data: DemoData, config: PerforaConfig, *, seed: int, hidd
         test_accuracy=accuracy(model, data.x_test, data.y_test),
         val_accuracy=accuracy(model, data.x_val, data.y_val), epochs=ctl.epoch,
         seconds=round(seconds, 3), restructures=restructures,
-        run_dir=str(run_dir) if run_dir else "")
+        run_dir=str(run_dir) if run_dir else "",
+        growth=describe_growth(history_marks(ctl.state.history, ctl.state.switch_epochs,
+                                             ctl.state.growth_kinds)))
 
 
 def run_demo(*, seed: int = 0, out: str | Path | None = "perfora_runs/demo", hidden: int = 6,
@@ -198,4 +203,6 @@ def format_table(result: dict[str, Any]) -> str:
                      "accuracy:")
         lines.append(f"  {gap(wide)} early-stopped (wider){same}")
         lines.append("  (one seed; benchmarks/quality.py gives medians over seeds and tasks)")
+        if grown.get("growth"):
+            lines.append(f"how grown grew: {grown['growth']}")
     return "\n".join(lines)

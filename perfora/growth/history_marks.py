@@ -65,3 +65,26 @@ def history_marks(history: Sequence[Mapping[str, Any]], switch_epochs: Sequence[
     steps = [GrowthMark(epoch, kind, any(best <= epoch < at for best, at in rewinds))
              for epoch, kind in zip(switch_epochs, kinds, strict=True)]
     return HistoryMarks(steps, [(best, at) for best, at in rewinds if at > best])
+
+
+_STEP_NAMES = {"dendrites": "dendrite set", "neurons": "neuron step"}
+
+
+def describe_growth(marks: HistoryMarks) -> str:
+    """The growth a run kept, in order, and how many steps were undone, e.g. '3 dendrite sets,
+    then 2 neuron steps; 1 step undone (it did not beat the best score)'."""
+    runs: list[list[Any]] = []
+    for step in marks.steps:
+        if step.undone:
+            continue
+        if runs and runs[-1][0] == step.kind:
+            runs[-1][1] += 1
+        else:
+            runs.append([step.kind, 1])
+    kept = ", then ".join(f"{n} {_STEP_NAMES[kind]}{'s' if n > 1 else ''}" for kind, n in runs)
+    undone = sum(step.undone for step in marks.steps)
+    text = kept or "nothing kept (the start network scored best)"
+    if undone:
+        text += (f"; {undone} step undone (it did not beat the best score)" if undone == 1
+                 else f"; {undone} steps undone (they did not beat the best score)")
+    return text

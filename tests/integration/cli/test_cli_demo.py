@@ -61,6 +61,11 @@ def test_demo_json_reports_four_arms_and_writes_run_files(tmp_path: Path) -> Non
     assert grown["params"] == plain + sets + cascade
     if grown["dendrites"] or grown["neuron_steps"]:
         assert list((out / "grown").glob("switch_*.safetensors"))
+    # how it grew: the steps it kept, in order, add up to the model it returned
+    kept = grown["growth"].split(";")[0]
+    for kind, count in (("dendrite set", grown["dendrites"]),
+                        ("neuron step", grown["neuron_steps"])):
+        assert sum(int(n) for n in re.findall(rf"(\d+) {kind}", kept)) == count, grown["growth"]
     # the third arm is the plain network whose size is closest to the grown one
     wide = arms["wider"]
     assert wide["dendrites"] == wide["neuron_steps"] == 0

@@ -139,3 +139,17 @@ def test_version_names_perfora_torch_and_python(capsys):
     line = capsys.readouterr().out.strip()
     python = ".".join(map(str, sys.version_info[:3]))
     assert line == f"perfora {perfora.__version__} (torch {torch.__version__}, Python {python})"
+
+
+def test_the_demo_table_says_how_the_grown_arm_grew():
+    from perfora.cli.demo import format_table
+
+    def arm(name: str, growth: str = "") -> dict:
+        return {"name": name, "params": 900, "hidden_width": 12, "dendrites": 1,
+                "test_accuracy": 0.95, "val_accuracy": 0.96, "epochs": 80, "seconds": 1.0,
+                "growth": growth}
+
+    grew = "2 dendrite sets, then 1 neuron step; 1 step undone (it did not beat the best score)"
+    result = {"wider_hidden": 12, "arms": [arm("baseline"), arm("grown", grew), arm("wider"),
+                                           arm("wider-eq")]}
+    assert format_table(result).splitlines()[-1] == f"how grown grew: {grew}"

@@ -10,7 +10,7 @@ from torch import nn
 
 import perfora
 from perfora.errors import CheckpointError
-from perfora.growth.history_marks import GrowthMark, history_marks
+from perfora.growth.history_marks import GrowthMark, HistoryMarks, describe_growth, history_marks
 from perfora.growth.report import read_metrics
 
 X = torch.randn(64, 6, generator=torch.Generator().manual_seed(0))
@@ -136,3 +136,18 @@ def test_a_saved_growth_kind_that_is_not_one_is_refused(tmp_path):
     saved["controller"]["growth_kinds"] = ["branches"]
     with pytest.raises(CheckpointError, match=r"controller.growth_kinds\[0\]"):
         ctl.load_state(saved)
+
+
+def test_the_growth_kept_is_told_in_order_with_the_steps_undone(tmp_path):
+    ctl = _auto_run(tmp_path, (0.5, 0.6, 0.55, 0.7, 0.65, 0.6), maximize=True)
+    marks = history_marks(ctl.state.history, ctl.state.switch_epochs, ctl.state.growth_kinds)
+    # the model it returns holds 1 set and 1 neuron step; 3 steps did not pay
+    assert (ctl.num_dendrites, ctl.state.num_widenings) == (1, 1)
+    assert describe_growth(marks) == ("1 dendrite set, then 1 neuron step; 3 steps undone "
+                                      "(they did not beat the best score)")
+    steps = [GrowthMark(1, "dendrites", False), GrowthMark(2, "dendrites", False),
+             GrowthMark(3, "neurons", False), GrowthMark(4, "neurons", True)]
+    assert describe_growth(HistoryMarks(steps, [])) == (
+        "2 dendrite sets, then 1 neuron step; 1 step undone (it did not beat the best score)")
+    assert describe_growth(HistoryMarks([], [])) == (
+        "nothing kept (the start network scored best)")
