@@ -314,6 +314,7 @@ class DendriteGrowth(GrowthCallback, Callback):
     def _log(self, trainer: pl.Trainer, decision: Decision) -> None:
         assert self.controller is not None
         metrics = {"perfora/dendrites": float(decision.num_dendrites),
+                   "perfora/neuron_steps": float(self.controller.state.num_widenings),
                    "perfora/phase": float(PHASE_CODES.get(decision.phase, -1)),
                    "perfora/params": float(self.controller.parameter_count())}
         for name, value in metrics.items():

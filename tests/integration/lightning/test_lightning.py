@@ -109,6 +109,7 @@ def test_ddp_grows_keeps_ranks_identical_and_completion_stops_the_fit(runs):
     assert r0["params"]["net.0.out_weight"].shape == (2, 16)
     metrics = (out / "logs" / "run" / "version_0" / "metrics.csv").read_text()
     assert "perfora/dendrites" in metrics and "perfora/params" in metrics
+    assert "perfora/neuron_steps" in metrics
     assert (out / "perfora" / "metrics.csv").exists()
 
 
@@ -119,6 +120,8 @@ def test_ddp_grows_neurons_with_ranks_identical(tmp_path, script_server):
     r0, r1 = record(tmp_path, "rank0"), record(tmp_path, "rank1")
     assert r0["events"].count("restructure") == 2, r0["events"]
     assert r0["widths"] == r1["widths"] == {"net.0": 48, "net.2": 10}  # 16 + 16 + 16
+    # what was grown reaches the loggers: 2 neuron steps, no dendrite set
+    assert r0["logged"]["perfora/neuron_steps"] == 2.0 and r0["logged"]["perfora/dendrites"] == 0
     assert r0["params"]["net.2.base.weight"].shape == (10, 48)
     assert max_diff(r0["params"], r1["params"]) == 0.0
 

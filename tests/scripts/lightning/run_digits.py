@@ -210,6 +210,8 @@ def main() -> None:
         "sharded": any(type(p).__name__ == "DTensor" for p in model.parameters()),
         "fed": {n: m.set_neurons() for n, m in
                 __import__("perfora").dendritic_layers(model).items()},
+        "logged": {k: float(v) for k, v in trainer.callback_metrics.items()
+                   if k.startswith("perfora/")},
     }
     rank = int(os.environ.get("LOCAL_RANK", trainer.global_rank))
     if args.strategy == "ddp_spawn":
