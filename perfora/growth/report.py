@@ -214,13 +214,19 @@ def _mark_growth(ax: Any, marks: HistoryMarks) -> None:
         labelled.add(text)
         return text
 
-    for best, at in marks.undone_spans:
+    merged: list[list[int]] = []  # overlapping spans drawn once (no darker overlaps)
+    for best, at in sorted(marks.undone_spans):
+        if merged and best <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], at)
+        else:
+            merged.append([best, at])
+    for best, at in merged:
         ax.axvspan(best + 0.5, at + 0.5, color="0.6", alpha=0.2, lw=0,
                    label=label("undone (back to the best model)"))
     for step in marks.steps:
         color, style, text = _STEP_STYLE[step.kind]
         ax.axvline(step.epoch + 0.5, color=color, ls=style, lw=0.8,
-                   alpha=0.35 if step.undone else 1.0,
+                   alpha=0.5 if step.undone else 1.0,
                    label=label(f"{text}, undone" if step.undone else text))
 
 
