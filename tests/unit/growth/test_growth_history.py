@@ -130,11 +130,18 @@ def test_a_state_saved_before_the_kinds_were_recorded_still_loads_and_plots(tmp_
     assert [m.kind for m in marks.steps] == ["dendrites", "dendrites", "neurons"]
 
 
-def test_a_saved_growth_kind_that_is_not_one_is_refused(tmp_path):
+@pytest.mark.parametrize("field, bad, where", [
+    ("growth_kinds", ["branches"], r"controller.growth_kinds\[0\]"),
+    ("history_rewound_to", "epoch three", r"controller.history\[0\]\['rewound_to'\]"),
+    ("history_grown", 7, r"controller.history\[0\]\['grown'\]")])
+def test_a_saved_growth_record_that_is_not_one_is_refused(tmp_path, field, bad, where):
     ctl = _auto_run(tmp_path, (0.5,), maximize=True)
     saved = ctl.state_dict()
-    saved["controller"]["growth_kinds"] = ["branches"]
-    with pytest.raises(CheckpointError, match=r"controller.growth_kinds\[0\]"):
+    if field == "growth_kinds":
+        saved["controller"]["growth_kinds"] = bad
+    else:
+        saved["controller"]["history"][0][field.removeprefix("history_")] = bad
+    with pytest.raises(CheckpointError, match=where):
         ctl.load_state(saved)
 
 

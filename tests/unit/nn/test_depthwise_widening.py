@@ -5,6 +5,8 @@ everything back, and the widened model saves, loads, exports and trains under th
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 from torch import nn
@@ -247,11 +249,24 @@ def test_mobilevit_widens_its_inverted_residual_blocks_exactly():
               and e.widenable]
     assert len(blocks) == 7 and all(p.endswith("expand_1x1.convolution") for p in blocks)
     pixels = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(2))
+    # the blocks, and the Transformer layers' feed-forwards, widen and narrow back exactly
+    _widen_all_and_back(model, plan.widenable, 3, lambda: model(pixel_values=pixels).logits)
+
+
+def _widen_all_and_back(model: nn.Module, paths: list[str], k: int,
+                        run: Callable[[], torch.Tensor],
+                        widened: Callable[[], None] = lambda: None) -> None:
+    """Widen every path by k and narrow them back: the output is torch.equal to before at
+    both ends; ``widened`` checks the widened model in between."""
     with torch.no_grad():
-        before = model(pixel_values=pixels).logits
-        for path in plan.widenable:  # the blocks, and the Transformer layers' feed-forwards
-            perfora.widen(model, path, 3)
-        assert torch.equal(model(pixel_values=pixels).logits, before)
+        before = run()
+        for path in paths:
+            perfora.widen(model, path, k)
+        assert torch.equal(run(), before)
+        widened()
+        for path in paths:
+            narrow_widenings(model, path, 0)
+        assert torch.equal(run(), before)
 
 
 def _efficientnet() -> nn.Module:
@@ -268,18 +283,15 @@ def test_efficientnet_widens_through_its_squeeze_excitation_and_narrows_back_exa
     assert entry.partners == ["efficientnet.encoder.blocks.1.squeeze_excite.expand"]
     pixels = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(2))
     block = model.efficientnet.encoder.blocks[1]
-    with torch.no_grad():
-        before = model(pixel_values=pixels).logits
-        for path in plan.widenable:
-            perfora.widen(model, path, 3)
-        assert torch.equal(model(pixel_values=pixels).logits, before)
+
+    def gates_live_and_read_by_zero_columns() -> None:
         # the new channels' gates are live (random rows), their product read by zero columns
         assert block.squeeze_excite.expand.source.weight[-3:].abs().sum() > 0
         assert not block.projection.project_conv.source.weight[:, -3:].any()
         assert not block.squeeze_excite.reduce.source.weight[:, -3:].any()
-        for path in plan.widenable:
-            narrow_widenings(model, path, 0)
-        assert torch.equal(model(pixel_values=pixels).logits, before)
+
+    _widen_all_and_back(model, plan.widenable, 3, lambda: model(pixel_values=pixels).logits,
+                        gates_live_and_read_by_zero_columns)
     assert block.squeeze_excite.expand.num_neurons == 48
     assert type(block.depthwise_conv.depthwise_act) is not perfora.nn.blocks.Blockwise
 
@@ -383,15 +395,11 @@ def test_torch_fx_follows_a_widening_through_a_squeeze_excitation_gate(mode):
     assert sorted(p for p, _ in entry.consumers) == ["1.block.2.fc1", "1.block.3.0"]
     assert "1.block.2.scale_activation" in [p for p, _ in entry.through]
     assert plan.layers["1.block.2.fc1"].widenable  # the gate's own pair
-    with torch.no_grad():
-        before = model(X)
-        for path in plan.widenable:
-            perfora.widen(model, path, 4)
-        assert torch.equal(model(X), before)
+
+    def gate_widened() -> None:
         assert model[1].block[2].fc2.source.weight.shape[0] == 28
-        for path in plan.widenable:
-            narrow_widenings(model, path, 0)
-        assert torch.equal(model(X), before)
+
+    _widen_all_and_back(model, plan.widenable, 4, lambda: model(X), gate_widened)
     assert model[1].block[2].fc2.source.weight.shape[0] == 24
 
 
