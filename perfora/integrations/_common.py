@@ -34,6 +34,8 @@ CALLBACK_DEFAULTS = {"n_epochs_to_switch": 10, "max_dendrites": 3}
 """A growth callback's patience and dendrite cap where neither the call nor config= sets them."""
 CONTROLLER_FILE = "perfora.safetensors"
 """The file perfora adds to a framework's checkpoint folder: the controller's state."""
+PHASE_CODES = {"neuron": 0, "dendrite": 1}
+"""Numeric codes of the learning rule's phases, as logged in ``perfora/phase``."""
 
 
 class GrowthCallback:
@@ -133,6 +135,15 @@ class GrowthCallback:
         decision = self.controller.step(score, model=self.target(model))
         self.last_decision = decision
         return decision
+
+    def growth_metrics(self, decision: Decision) -> dict[str, float]:
+        """What a framework's loggers get after each step: the model's dendrite sets and
+        neuron steps, the rule's phase (``PHASE_CODES``) and the parameter count."""
+        assert self.controller is not None
+        return {"perfora/dendrites": float(decision.num_dendrites),
+                "perfora/neuron_steps": float(self.controller.state.num_widenings),
+                "perfora/phase": float(PHASE_CODES.get(decision.phase, -1)),
+                "perfora/params": float(self.controller.parameter_count())}
 
     def _finish(self) -> None:
         """Write the run's last files (the fit or training ended)."""

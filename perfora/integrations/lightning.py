@@ -29,6 +29,7 @@ from ..nn.layers import dendritic_layers
 from ..nn.perforation import layer_specs
 from ..parallel.sharded_state import is_fsdp1
 from ._common import (
+    PHASE_CODES,
     GrowthCallback,
     check_mode,
     controller_state,
@@ -71,8 +72,6 @@ __all__ = ["DendriteGrowth", "PHASE_CODES"]
 LOWER_IS_BETTER = re.compile(r"loss|err|mse|mae|nll|perplex|ppl", re.I)
 HIGHER_IS_BETTER = re.compile(r"acc|f1|auc|precision|recall|bleu", re.I)
 """Metric names whose direction is clear: a loss is minimized, an accuracy maximized."""
-PHASE_CODES = {"neuron": 0, "dendrite": 1}
-"""Numeric codes of the learning rule's phases, as logged in ``perfora/phase``."""
 
 
 class DendriteGrowth(GrowthCallback, Callback):
@@ -312,11 +311,7 @@ class DendriteGrowth(GrowthCallback, Callback):
             self.controller.carry_optimizer_state(strategy.optimizers[0])  # moments go on
 
     def _log(self, trainer: pl.Trainer, decision: Decision) -> None:
-        assert self.controller is not None
-        metrics = {"perfora/dendrites": float(decision.num_dendrites),
-                   "perfora/neuron_steps": float(self.controller.state.num_widenings),
-                   "perfora/phase": float(PHASE_CODES.get(decision.phase, -1)),
-                   "perfora/params": float(self.controller.parameter_count())}
+        metrics = self.growth_metrics(decision)
         for name, value in metrics.items():
             trainer.callback_metrics[name] = torch.tensor(value)
         if trainer.is_global_zero:

@@ -89,8 +89,10 @@ class DendriteGrowthCallback(GrowthCallback, TrainerCallback):
     ``<output_dir>/perfora``; ``write_files=False``: none). A run whose epochs or
     ``max_steps`` run out before growth completes ends with its best model (the best
     snapshot's structure and weights, as completion does), unless
-    ``restore_best_at_end=False`` (then it ends with its last one). Call :meth:`bind` with the
-    Trainer before ``train``.
+    ``restore_best_at_end=False`` (then it ends with its last one). After each of those
+    evaluations ``perfora/dendrites``, ``perfora/neuron_steps``, ``perfora/phase`` and
+    ``perfora/params`` go to ``trainer.log`` (``log_metrics=False``: not). Call :meth:`bind`
+    with the Trainer before ``train``.
     """
 
     callback_name = "DendriteGrowthCallback"
@@ -102,7 +104,8 @@ class DendriteGrowthCallback(GrowthCallback, TrainerCallback):
                  config: PerforaConfig | Mapping[str, Any] | None = None,
                  perforate_kwargs: Mapping[str, Any] | None = None,
                  run_dir: str | os.PathLike | None = None, write_files: bool = True,
-                 restore_best_at_end: bool = True, **settings: Any) -> None:
+                 restore_best_at_end: bool = True, log_metrics: bool = True,
+                 **settings: Any) -> None:
         if mode is not None:
             check_mode(mode)
         if monitor is not None and (not isinstance(monitor, str) or not monitor):
@@ -115,6 +118,7 @@ class DendriteGrowthCallback(GrowthCallback, TrainerCallback):
         self.config: PerforaConfig | None = None
         self.run_dir, self.write_files = run_dir, write_files
         self.restore_best_at_end = bool(restore_best_at_end)
+        self.log_metrics = bool(log_metrics)
         self.trainer: Trainer | None = None
         self._warned_missing = False
 
@@ -188,6 +192,8 @@ class DendriteGrowthCallback(GrowthCallback, TrainerCallback):
         decision = self._step(score, trainer.model, getattr(optimizer, "optimizer", optimizer))
         if decision.action != CONTINUE:
             self.rebuild(trainer)
+        if self.log_metrics:  # to the Trainer's log history and its reporting integrations
+            trainer.log(self.growth_metrics(decision))
         if decision.complete:
             control.should_training_stop = True
 

@@ -97,6 +97,14 @@ def test_grows_exactly_rebuilds_the_optimizer_and_stops_with_the_best(grown):
         assert post["lr"] == pre["lr"]  # the schedule goes on where it was
         assert post["scheduler_steps"] == pre["scheduler_steps"] == pre["step"]
     assert grown["after"][-1]["covers"]  # rebuilt after the completion's rewind too
+    # every evaluation logs the model's size after its step (each row's dendrite count is
+    # the one the step before left), ending on the best model's
+    logged = [row for row in trainer.state.log_history if "perfora/dendrites" in row]
+    history = ctl.state.history
+    after_each = [float(row["dendrites"]) for row in history[1:]] + [float(ctl.num_dendrites)]
+    assert [row["perfora/dendrites"] for row in logged] == after_each and max(after_each) == 2
+    assert logged[-1]["perfora/params"] == ctl.parameter_count()
+    assert {row["perfora/neuron_steps"] for row in logged} == {0.0}  # growth="dendrites"
     # completion restored the best model: its weights and its score
     structure, best = ctl.best_snapshot
     state = trainer.model.state_dict()
@@ -207,6 +215,16 @@ def test_a_run_that_ends_before_completion_ends_with_the_best_model(tmp_path, re
     assert trainer.model.head.num_dendrites == structure["head"]["num_dendrites"] == 0
     held = {id(p) for g in trainer.optimizer.param_groups for p in g["params"]}
     assert all(id(p) in held for p in trainer.model.parameters())
+
+
+def test_log_metrics_false_leaves_the_trainer_s_log_to_the_trainer(tmp_path):
+    trainer = make_trainer(str(tmp_path), epochs=2)
+    DendriteGrowthCallback(monitor="eval_accuracy", write_files=False,
+                           log_metrics=False).bind(trainer)
+    trainer.train()
+    rows = trainer.state.log_history
+    assert sum("eval_accuracy" in row for row in rows) == 2
+    assert not any(key.startswith("perfora/") for row in rows for key in row)
 
 
 def _frozen(model) -> tuple[dict, dict]:
@@ -326,6 +344,9 @@ def test_a_neuron_step_carries_the_moments_into_the_trainers_new_optimizer(tmp_p
     trainer.add_callback(Moments(seen[1]))
     trainer.train()
     assert "added neuron step 1" in growth.controller.state.history[1]["reason"]
+    logged = [row["perfora/neuron_steps"] for row in trainer.state.log_history
+              if "perfora/neuron_steps" in row]
+    assert logged[:2] == [0.0, 1.0]  # logged after each evaluation's step
     old, new = seen[0][1], seen[1][1]  # around the neuron step
     width = old.shape[0]
     assert new.shape[0] > width and torch.equal(new[:width], old) and not new[width:].any()
