@@ -39,6 +39,8 @@ for _epoch in range(500):
     with torch.no_grad():
         val_acc = (model(x_val).argmax(1) == y_val).float().mean().item()
     decision = controller.step(val_acc)  # the controller steps the scheduler itself
+    if decision.restructured or decision.complete:  # what grew or ended, where, and why
+        print(f"epoch {decision.epoch}: {decision.reason}")
     if decision.restructured:  # the model grew: use the rebuilt optimizer
         optimizer, scheduler = decision.optimizer, decision.scheduler
     if decision.complete:  # the model now holds its best weights

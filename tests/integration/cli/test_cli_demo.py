@@ -124,6 +124,9 @@ def test_readme_example_runs_and_grows(tmp_path: Path, script_server: ScriptServ
                       r"accuracy ([\d.]+)", run.log())
     assert match, run.log()
     assert int(match.group(2)) % 8 == 0 and float(match.group(3)) > 0.5
+    # each growth step is announced with its epoch and reason; auto's first is a dendrite set
+    assert re.search(r"^epoch \d+: plateau: added dendrite set 1$", run.log(), flags=re.M), \
+        run.log()
     assert (tmp_path / "perfora_runs" / "native_loop" / "metrics.csv").is_file()
 
 
