@@ -62,7 +62,8 @@ class PerforaConfig:
     under DataParallel, DDP, FSDP2 and DeepSpeed ZeRO-3 (one layer pair gathered at a time),
     FSDP1 (the whole model gathered for the step) and DeepSpeed ZeRO 0-2, with either
     ``neuron_init``. Where neurons cannot grow (no wrapped layer whose readers perfora
-    finds, ``rule='correlation'``), 'auto' grows dendrites only and 'neurons' is refused.
+    finds, ``rule='correlation'``), 'auto' grows dendrites only (where no layer can gain
+    neurons it warns, with each layer's reason) and 'neurons' is refused.
     The compatibility shell keeps 'dendrites' (PerforatedAI's growth). See docs/neurons.md."""
     neuron_init: str = "gradmax"
     """Incoming weights of new neurons: 'gradmax' (the directions that give their zero

@@ -14,6 +14,7 @@ a layer's GradMax rows (computed for its input width before the step) still fit.
 from __future__ import annotations
 
 import contextlib
+import warnings
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -102,16 +103,21 @@ def check_neuron_growth(model: nn.Module, backend: ParallelBackend, config: Perf
                                f"paths=[..., {unwrapped[0]!r}])")
     if widening_targets(inner, config.neuron_pairs):
         return True
-    if growth == "auto":
-        return False
     plan: WideningPlan = plan_widening(inner, pairs=config.neuron_pairs)
     reasons = [f"{p}: {plan.layers[p].reason or frozen_reason(inner, plan.layers[p])}"
                for p in dendritic_layers(inner) if p in plan.layers]
-    raise PerforationError("growth='neurons': no wrapped layer can gain neurons ("
-                           + ("; ".join(reasons) or "no Linear/Conv layer is wrapped")
-                           + "); wrap the layers whose outputs another wrapped-or-plain "
-                           "Linear/Conv reads, name their readers with the setting "
-                           "neuron_pairs={path: [reader paths]}, or use growth='dendrites'")
+    why = "; ".join(reasons) or "no Linear/Conv layer is wrapped"
+    remedy = ("wrap the layers whose outputs another wrapped-or-plain Linear/Conv reads, name "
+              "their readers with the setting neuron_pairs={path: [reader paths]}")
+    if growth == "neurons":
+        raise PerforationError(f"growth='neurons': no wrapped layer can gain neurons ({why}); "
+                               f"{remedy}, or use growth='dendrites'")
+    if config.max_neuron_steps > 0:  # auto, where neurons were not ruled out by the user
+        warnings.warn(f"growth='auto' will grow dendrites only: no wrapped layer can gain "
+                      f"neurons ({why}). To grow neurons too, {remedy}; growth='dendrites' "
+                      "says dendrites are what you want (and silences this)", UserWarning,
+                      stacklevel=3)
+    return False
 
 
 def start_width(layer: nn.Module) -> int:

@@ -224,6 +224,24 @@ def test_neuron_growth_is_refused_where_it_cannot_run():
         perfora.GrowthController(only_last, growth="neurons", write_files=False)
 
 
+def test_auto_says_when_it_can_grow_dendrites_only(recwarn):
+    def only_last() -> nn.Module:
+        return perfora.perforate(nn.Sequential(nn.Linear(6, 4), nn.Tanh(), nn.Linear(4, 3)),
+                                 paths=["2"])
+
+    with pytest.warns(UserWarning, match=r"growth='auto' will grow dendrites only: no wrapped "
+                                         r"layer can gain neurons \(2: its output goes to an "
+                                         r"output of the model.*neuron_pairs="):
+        ctl = perfora.GrowthController(only_last(), write_files=False)  # the default: auto
+    assert ctl.config.max_neuron_steps == 0
+    recwarn.clear()
+    # nothing to say where dendrites are what was asked for, or neurons can grow
+    perfora.GrowthController(only_last(), growth="dendrites", write_files=False)
+    perfora.GrowthController(only_last(), max_neuron_steps=0, write_files=False)
+    perfora.GrowthController(_model(), write_files=False)
+    assert not [w for w in recwarn if "dendrites only" in str(w.message)]
+
+
 def test_a_dataparallel_model_is_rewrapped_widened():
     model = _model()
     wrapped = nn.DataParallel(model)
@@ -331,7 +349,8 @@ def test_auto_switches_kind_when_one_reaches_its_cap():
 def test_auto_grows_dendrites_only_where_no_layer_can_gain_neurons():
     torch.manual_seed(0)
     model = perfora.perforate(nn.Sequential(nn.Linear(6, 3)))
-    ctl = _controller(model, growth="auto", max_neuron_steps=2, max_dendrites=2)
+    with pytest.warns(UserWarning, match="will grow dendrites only"):
+        ctl = _controller(model, growth="auto", max_neuron_steps=2, max_dendrites=2)
     assert ctl.config.max_neuron_steps == 0
     reasons = [ctl.step(score).reason for score in (0.5, 0.6, 0.7)]
     assert reasons == ["plateau: added dendrite set 1", "plateau: added dendrite set 2",
