@@ -50,6 +50,7 @@ try:  # the unified package first, then the standalone one
     from lightning.pytorch.strategies.launchers.multiprocessing import (
         _MultiProcessingLauncher,
     )
+    from lightning.pytorch.utilities import rank_zero_info
 except ImportError:  # pragma: no cover - depends on what is installed
     try:
         import pytorch_lightning as pl
@@ -63,6 +64,7 @@ except ImportError:  # pragma: no cover - depends on what is installed
         from pytorch_lightning.strategies.launchers.multiprocessing import (
             _MultiProcessingLauncher,
         )
+        from pytorch_lightning.utilities import rank_zero_info
     except ImportError as exc:
         raise ImportError('perfora.integrations.lightning needs PyTorch Lightning: pip install '
                           '"perfora[lightning]" (or lightning>=2.2)') from exc
@@ -85,6 +87,8 @@ class DendriteGrowth(GrowthCallback, Callback):
     :func:`perfora.perforate`. Run files (metrics.csv, history.png) go to ``run_dir``
     (default: ``<trainer.default_root_dir>/perfora``); Lightning's own checkpoints carry the
     dendrites, so perfora writes no model files of its own unless ``save_checkpoints=True``.
+    Each growth step, rewind and the completion are announced on rank 0 with their reason
+    (Lightning's info log; ``verbose=False``: not).
     """
 
     callback_name = "DendriteGrowth"
@@ -95,7 +99,7 @@ class DendriteGrowth(GrowthCallback, Callback):
                  module: str | None = None,
                  config: PerforaConfig | Mapping[str, Any] | None = None, rule: str | None = None,
                  perforate_kwargs: Mapping[str, Any] | None = None,
-                 run_dir: str | None = None, log_metrics: bool = True,
+                 run_dir: str | None = None, log_metrics: bool = True, verbose: bool = True,
                  **settings: Any) -> None:
         super().__init__()
         if mode is not None:
@@ -109,7 +113,7 @@ class DendriteGrowth(GrowthCallback, Callback):
         mode = self.config_mode(mode) or "min"
         self.config = self.growth_config(mode)
         self.monitor, self.mode = monitor, mode
-        self.run_dir, self.log_metrics = run_dir, log_metrics
+        self.run_dir, self.log_metrics, self.verbose = run_dir, log_metrics, bool(verbose)
         self._pl_module: nn.Module | None = None
         self._pending: dict[str, Any] | None = None
         self._validations = 0  # validation ends seen in this fit (sanity check excluded)
@@ -234,6 +238,9 @@ class DendriteGrowth(GrowthCallback, Callback):
         if decision.action != CONTINUE:
             self._set_target(pl_module, decision.model)
             self._rebuild(trainer)
+            if self.verbose:  # growth steps are few: say each, as Lightning's own messages
+                rank_zero_info(f"DendriteGrowth: epoch {trainer.current_epoch}: "
+                               f"{decision.reason}")
         if self.log_metrics:
             self._log(trainer, decision)
         if decision.complete:

@@ -1,11 +1,14 @@
-"""DendriteGrowth warns where a fit would silently do the wrong thing (real CPU Trainers).
+"""DendriteGrowth warns where a fit would silently do the wrong thing, and says what it grew
+(real CPU Trainers).
 
 A monitor named like a loss with mode='max' (or an accuracy with mode='min') keeps the worst
-model as the best; a fit without validation never reads the monitor, so nothing grows.
+model as the best; a fit without validation never reads the monitor, so nothing grows. Each
+growth step and the completion are announced on Lightning's info log.
 """
 
 from __future__ import annotations
 
+import logging
 import sys
 import warnings
 from pathlib import Path
@@ -80,3 +83,36 @@ def test_limit_val_batches_zero_warns_too_and_a_late_first_validation_does_not(t
         warnings.simplefilter("always")
         fit(tmp_path / "b", growth, max_epochs=2, check_val_every_n_epoch=2)
     assert ours(record) == [] and growth.controller.epoch == 1
+
+
+class Lines(logging.Handler):
+    """Keeps the messages of Lightning's rank-zero info log."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+@pytest.mark.parametrize("verbose", [True, False])
+def test_each_growth_step_and_the_completion_are_announced(tmp_path, verbose):
+    log, lines = logging.getLogger("lightning.pytorch"), Lines()
+    log.addHandler(lines)
+    try:
+        growth = DendriteGrowth(monitor="val_acc", mode="max", module="net",
+                                switch_mode="fixed", fixed_switch_num=1, max_dendrites=1,
+                                growth="dendrites", verbose=verbose)
+        fit(tmp_path, growth, max_epochs=4)
+    finally:
+        log.removeHandler(lines)
+    ours = [line for line in lines.lines if line.startswith("DendriteGrowth:")]
+    if not verbose:
+        assert ours == []
+        return
+    history = growth.controller.state.history
+    said = [row for row in history if row["event"]]  # the rows that changed something
+    assert len(ours) == len(said) >= 2
+    assert ours[0] == f"DendriteGrowth: epoch 0: {said[0]['reason']}"
+    assert "added dendrite set 1" in ours[0] and said[-1]["event"] == "complete"
