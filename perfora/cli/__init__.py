@@ -26,6 +26,7 @@ def _demo(args: argparse.Namespace) -> int:
             return 2
     result = run_demo(seed=args.seed, out=args.out, hidden=args.hidden,
                       patience=args.patience, max_dendrites=args.max_dendrites,
+                      growth=args.growth,
                       progress=not args.json and not args.no_progress)
     if args.json:
         print(json.dumps(result))
@@ -112,7 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train a narrow MLP (64 -> H -> 10) on scikit-learn's digits (fixed "
                     "60/20/20 split): the baseline (early stopping), the same network grown "
                     "with perfora's defaults (dendrites and neurons, as the validation score "
-                    "chooses), and a plain network widened to the grown size, early-stopped "
+                    "chooses; --growth picks one kind), and a plain network widened to the "
+                    "grown size, early-stopped "
                     "with the same patience (wider) and trained as many epochs as the grown "
                     "run (wider-eq). Prints a table and the verdict 'grown vs a plain "
                     "network of the same size', and writes each "
@@ -131,6 +133,9 @@ def build_parser() -> argparse.ArgumentParser:
                            "(default %(default)s)")
     demo.add_argument("--max-dendrites", type=_at_least(0), default=3, metavar="K",
                       help="most dendrite sets to grow (default %(default)s)")
+    demo.add_argument("--growth", choices=("auto", "dendrites", "neurons"), default="auto",
+                      help="what the grown arm grows: both kinds, as the validation score "
+                           "chooses (default), or one kind")
     demo.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     demo.set_defaults(func=_demo)
 

@@ -146,10 +146,11 @@ def run_arm(name: str, data: DemoData, config: PerforaConfig, *, seed: int, hidd
 
 
 def run_demo(*, seed: int = 0, out: str | Path | None = "perfora_runs/demo", hidden: int = 6,
-             patience: int = 10, max_dendrites: int = 3, progress: bool = True
-             ) -> dict[str, Any]:
+             patience: int = 10, max_dendrites: int = 3, growth: str = "auto",
+             progress: bool = True) -> dict[str, Any]:
     """The four arms; returns {"arms": [...], ...} as `--json` prints. ``max_dendrites``
-    caps the grown arm's dendrite sets (its neuron steps keep perfora's default cap)."""
+    caps the grown arm's dendrite sets (its neuron steps keep perfora's default cap);
+    ``growth`` is what it grows (PerforaConfig's setting: 'auto', 'dendrites', 'neurons')."""
     data = load_digits_data()
     out_dir = Path(out) if out else None
     common = {"n_epochs_to_switch": patience, "seed": seed}
@@ -162,11 +163,13 @@ def run_demo(*, seed: int = 0, out: str | Path | None = "perfora_runs/demo", hid
                        fixed_epochs=epochs)
 
     results = [arm("baseline", plain, hidden),
-               arm("grown", PerforaConfig(max_dendrites=max_dendrites, **common), hidden)]
+               arm("grown", PerforaConfig(max_dendrites=max_dendrites, growth=growth,
+                                          **common), hidden)]
     wider = width_for_params(results[1].params)
     results.append(arm("wider", plain, wider))
     results.append(arm(SAME_BUDGET, plain, wider, epochs=results[1].epochs))
-    return {"seed": seed, "hidden": hidden, "patience": patience, "wider_hidden": wider,
+    return {"seed": seed, "hidden": hidden, "patience": patience, "growth": growth,
+            "wider_hidden": wider,
             "dataset": "sklearn digits (1797 images, fixed 60/20/20 split)",
             "arms": [asdict(r) for r in results]}
 

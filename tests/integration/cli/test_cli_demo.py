@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from perfora.cli import main
-from perfora.cli.demo import run_files_line
+from perfora.cli.demo import run_demo, run_files_line
 from tests.support.paths import ROOT
 from tests.support.script_server import ScriptServer
 
@@ -84,6 +84,23 @@ def test_demo_json_reports_four_arms_and_writes_run_files(tmp_path: Path) -> Non
                                                           "wider-eq")]
 
 
+@pytest.mark.timeout(120)
+def test_demo_growth_picks_what_the_grown_arm_grows() -> None:
+    runs = {growth: run_demo(seed=1, out=None, patience=3, growth=growth, progress=False)
+            for growth in ("neurons", "dendrites")}
+    arms = {growth: {a["name"]: a for a in run["arms"]} for growth, run in runs.items()}
+    neurons, dendrites = arms["neurons"]["grown"], arms["dendrites"]["grown"]
+    assert runs["neurons"]["growth"] == "neurons" and runs["dendrites"]["growth"] == "dendrites"
+    assert neurons["dendrites"] == 0 and neurons["neuron_steps"] >= 1
+    assert neurons["hidden_width"] == 6 * (1 + neurons["neuron_steps"])
+    assert "dendrite set" not in neurons["growth"] and "neuron step" in neurons["growth"]
+    assert dendrites["neuron_steps"] == 0 and dendrites["dendrites"] >= 1
+    assert dendrites["hidden_width"] == 6 and "neuron step" not in dendrites["growth"]
+    # only the grown arm depends on it: the baseline is the same run either way
+    assert arms["neurons"]["baseline"]["test_accuracy"] == \
+        arms["dendrites"]["baseline"]["test_accuracy"]
+
+
 def _usage_error(args: list[str], capsys: pytest.CaptureFixture) -> str:
     """Run the CLI in process on bad arguments: it must exit 2 before any work; its stderr."""
     try:
@@ -131,7 +148,8 @@ def test_readme_example_runs_and_grows(tmp_path: Path, script_server: ScriptServ
 
 
 @pytest.mark.parametrize("option", [["--patience", "0"], ["--hidden", "0"],
-                                    ["--max-dendrites", "-1"], ["--seed", "x"]])
+                                    ["--max-dendrites", "-1"], ["--seed", "x"],
+                                    ["--growth", "width"]])
 def test_demo_rejects_out_of_range_values_with_a_usage_error(
         option: list[str], capsys: pytest.CaptureFixture) -> None:
     assert option[0] in _usage_error(["demo", *option], capsys)

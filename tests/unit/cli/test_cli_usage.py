@@ -123,6 +123,8 @@ def test_a_run_folder_that_exists_is_used(tmp_path: Path, monkeypatch, capsys):
     assert main(["demo", "--out", str(tmp_path), "--no-progress"]) == 0
     assert main(["demo", "--out", str(tmp_path / "new" / "runs"), "--no-progress"]) == 0
     assert (tmp_path / "new" / "runs").is_dir() and len(calls) == 2
+    assert main(["demo", "--out", "", "--no-progress", "--growth", "neurons"]) == 0
+    assert [c["growth"] for c in calls] == ["auto", "auto", "neurons"]  # auto: the default
     capsys.readouterr()
 
 
