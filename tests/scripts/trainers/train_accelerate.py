@@ -54,6 +54,8 @@ def main() -> None:
             optimizer.step()
         decision = ctl.step(1.0)  # a flat score: a new set every few epochs
         actions.append(decision.action)
+        if decision.restructured or decision.complete:
+            accelerator.print(f"epoch {ctl.epoch}: {decision.reason}")  # once, on rank 0
         if decision.restructured:
             if args.stale:
                 optimizer = accelerator.prepare(decision.optimizer)

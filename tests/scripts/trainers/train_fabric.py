@@ -47,6 +47,8 @@ def main() -> None:
             optimizer.step()
         decision = ctl.step(1.0)  # a flat score: a new set every few epochs
         actions.append(decision.action)
+        if decision.restructured or decision.complete:
+            fabric.print(f"epoch {ctl.epoch}: {decision.reason}")  # once, on rank 0
         if decision.restructured:
             if args.stale:
                 optimizer = fabric.setup_optimizers(decision.optimizer)
