@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from tqdm.auto import tqdm
 
 from ..checkpoint.files import read_regular_file
 from ..checkpoint.schema import MAX_HEADER_BYTES
@@ -91,8 +92,9 @@ class DendriteGrowthCallback(GrowthCallback, TrainerCallback):
     snapshot's structure and weights, as completion does), unless
     ``restore_best_at_end=False`` (then it ends with its last one). After each of those
     evaluations ``perfora/dendrites``, ``perfora/neuron_steps``, ``perfora/phase`` and
-    ``perfora/params`` go to ``trainer.log`` (``log_metrics=False``: not). Call :meth:`bind`
-    with the Trainer before ``train``.
+    ``perfora/params`` go to ``trainer.log`` (``log_metrics=False``: not), and each growth
+    step, rewind and the completion is printed with its reason on the main process
+    (``verbose=False``: not). Call :meth:`bind` with the Trainer before ``train``.
     """
 
     callback_name = "DendriteGrowthCallback"
@@ -105,7 +107,7 @@ class DendriteGrowthCallback(GrowthCallback, TrainerCallback):
                  perforate_kwargs: Mapping[str, Any] | None = None,
                  run_dir: str | os.PathLike | None = None, write_files: bool = True,
                  restore_best_at_end: bool = True, log_metrics: bool = True,
-                 **settings: Any) -> None:
+                 verbose: bool = True, **settings: Any) -> None:
         if mode is not None:
             check_mode(mode)
         if monitor is not None and (not isinstance(monitor, str) or not monitor):
@@ -118,7 +120,7 @@ class DendriteGrowthCallback(GrowthCallback, TrainerCallback):
         self.config: PerforaConfig | None = None
         self.run_dir, self.write_files = run_dir, write_files
         self.restore_best_at_end = bool(restore_best_at_end)
-        self.log_metrics = bool(log_metrics)
+        self.log_metrics, self.verbose = bool(log_metrics), bool(verbose)
         self.trainer: Trainer | None = None
         self._warned_missing = False
 
@@ -192,6 +194,8 @@ class DendriteGrowthCallback(GrowthCallback, TrainerCallback):
         decision = self._step(score, trainer.model, getattr(optimizer, "optimizer", optimizer))
         if decision.action != CONTINUE:
             self.rebuild(trainer)
+            if self.verbose and state.is_world_process_zero:  # beside the Trainer's progress
+                tqdm.write(f"DendriteGrowthCallback: epoch {state.epoch:g}: {decision.reason}")
         if self.log_metrics:  # to the Trainer's log history and its reporting integrations
             trainer.log(self.growth_metrics(decision))
         if decision.complete:

@@ -217,14 +217,17 @@ def test_a_run_that_ends_before_completion_ends_with_the_best_model(tmp_path, re
     assert all(id(p) in held for p in trainer.model.parameters())
 
 
-def test_log_metrics_false_leaves_the_trainer_s_log_to_the_trainer(tmp_path):
+def test_log_metrics_and_verbose_false_leave_the_trainer_s_log_to_it(tmp_path, capsys):
     trainer = make_trainer(str(tmp_path), epochs=2)
-    DendriteGrowthCallback(monitor="eval_accuracy", write_files=False,
-                           log_metrics=False).bind(trainer)
+    growth = DendriteGrowthCallback(monitor="eval_accuracy", write_files=False,
+                                    switch_mode="fixed", fixed_switch_num=1, log_metrics=False,
+                                    verbose=False).bind(trainer)
     trainer.train()
+    assert "restructure" in [row["event"] for row in growth.controller.state.history]
     rows = trainer.state.log_history
     assert sum("eval_accuracy" in row for row in rows) == 2
     assert not any(key.startswith("perfora/") for row in rows for key in row)
+    assert "DendriteGrowthCallback:" not in capsys.readouterr().out  # it grew, silently
 
 
 def _frozen(model) -> tuple[dict, dict]:
@@ -324,7 +327,7 @@ def test_a_model_that_gained_neurons_reloads_from_save_pretrained(tmp_path):
         assert torch.allclose(fresh(PROBE).logits, model(PROBE).logits, atol=1e-6)
 
 
-def test_a_neuron_step_carries_the_moments_into_the_trainers_new_optimizer(tmp_path):
+def test_a_neuron_step_carries_the_moments_into_the_trainers_new_optimizer(tmp_path, capsys):
     trainer = make_trainer(str(tmp_path / "out"), epochs=3)
     seen: list[list[torch.Tensor]] = [[], []]
 
@@ -347,6 +350,11 @@ def test_a_neuron_step_carries_the_moments_into_the_trainers_new_optimizer(tmp_p
     logged = [row["perfora/neuron_steps"] for row in trainer.state.log_history
               if "perfora/neuron_steps" in row]
     assert logged[:2] == [0.0, 1.0]  # logged after each evaluation's step
+    # and printed, with the epoch and the reason, on the main process
+    printed = [line for line in capsys.readouterr().out.splitlines()
+               if line.startswith("DendriteGrowthCallback:")]
+    assert printed[0] == ("DendriteGrowthCallback: epoch 2: "
+                          + growth.controller.state.history[1]["reason"])
     old, new = seen[0][1], seen[1][1]  # around the neuron step
     width = old.shape[0]
     assert new.shape[0] > width and torch.equal(new[:width], old) and not new[width:].any()
