@@ -87,8 +87,8 @@ class DendriteGrowth(GrowthCallback, Callback):
     :func:`perfora.perforate`. Run files (metrics.csv, history.png) go to ``run_dir``
     (default: ``<trainer.default_root_dir>/perfora``); Lightning's own checkpoints carry the
     dendrites, so perfora writes no model files of its own unless ``save_checkpoints=True``.
-    Each growth step, rewind and the completion are announced on rank 0 with their reason
-    (Lightning's info log; ``verbose=False``: not).
+    Each growth step, rewind, phase change (``rule='correlation'``) and the completion is
+    announced on rank 0 with its reason (Lightning's info log; ``verbose=False``: not).
     """
 
     callback_name = "DendriteGrowth"

@@ -93,8 +93,9 @@ class DendriteGrowthCallback(GrowthCallback, TrainerCallback):
     ``restore_best_at_end=False`` (then it ends with its last one). After each of those
     evaluations ``perfora/dendrites``, ``perfora/neuron_steps``, ``perfora/phase`` and
     ``perfora/params`` go to ``trainer.log`` (``log_metrics=False``: not), and each growth
-    step, rewind and the completion is printed with its reason on the main process
-    (``verbose=False``: not). Call :meth:`bind` with the Trainer before ``train``.
+    step, rewind, phase change (``rule='correlation'``) and the completion is printed with
+    its reason on the main process (``verbose=False``: not). Call :meth:`bind` with the
+    Trainer before ``train``.
     """
 
     callback_name = "DendriteGrowthCallback"

@@ -96,12 +96,12 @@ class Lines(logging.Handler):
         self.lines.append(record.getMessage())
 
 
-@pytest.mark.parametrize("verbose", [True, False])
-def test_each_growth_step_and_the_completion_are_announced(tmp_path, verbose):
+@pytest.mark.parametrize("verbose,rule", [(True, "gd"), (False, "gd"), (True, "correlation")])
+def test_each_growth_step_and_the_completion_are_announced(tmp_path, verbose, rule):
     log, lines = logging.getLogger("lightning.pytorch"), Lines()
     log.addHandler(lines)
     try:
-        growth = DendriteGrowth(monitor="val_acc", mode="max", module="net",
+        growth = DendriteGrowth(monitor="val_acc", mode="max", module="net", rule=rule,
                                 switch_mode="fixed", fixed_switch_num=1, max_dendrites=1,
                                 growth="dendrites", verbose=verbose)
         fit(tmp_path, growth, max_epochs=4)
@@ -114,5 +114,7 @@ def test_each_growth_step_and_the_completion_are_announced(tmp_path, verbose):
     history = growth.controller.state.history
     said = [row for row in history if row["event"]]  # the rows that changed something
     assert len(ours) == len(said) >= 2
+    assert ours == [f"DendriteGrowth: epoch {row['epoch'] - 1}: {row['reason']}" for row in said]
+    assert ("phase_change" in [row["event"] for row in said]) == (rule == "correlation")
     assert ours[0] == f"DendriteGrowth: epoch 0: {said[0]['reason']}"
     assert "added dendrite set 1" in ours[0] and said[-1]["event"] == "complete"
