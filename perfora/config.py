@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import ConfigError
+from .errors import ConfigError, require_bool
 
 SWITCH_MODES = ("patience", "fixed", "every_epoch", "never")
 ACTIVATIONS = ("sigmoid", "tanh", "relu")
@@ -382,9 +382,7 @@ def unknown_name_message(name: str, known: Sequence[str], what: str) -> str:
 
 
 def _check_bool(cfg: PerforaConfig, name: str) -> None:
-    value = getattr(cfg, name)
-    if not isinstance(value, bool):
-        raise ConfigError(f"{name} must be True or False, got {value!r}")
+    require_bool(getattr(cfg, name), name)
 
 
 def _check_int(cfg: PerforaConfig, name: str, minimum: int) -> None:

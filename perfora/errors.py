@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class PerforaError(Exception):
     """Base class of every error perfora raises on purpose."""
@@ -57,3 +59,12 @@ class CompatNameError(PerforaError, AttributeError):
 
 class UnknownSettingError(ConfigError, AttributeError):
     """A ``GPA.pc`` setting that does not exist; the message names the nearest one."""
+
+
+def require_bool(value: Any, name: str) -> bool:
+    """``value`` if it is True or False, else a :class:`ConfigError`: a flag taken through
+    ``bool()`` would silently turn on for ``"False"`` or ``"no"``."""
+    if isinstance(value, bool):
+        return value
+    hint = " (a string: write True or False without quotes)" if isinstance(value, str) else ""
+    raise ConfigError(f"{name} must be True or False, got {value!r}{hint}")

@@ -21,7 +21,7 @@ from ..checkpoint.schema import with_keys_of
 from ..config import PerforaConfig
 from ..distributed.collectives import is_distributed
 from ..distributed.exit_settle import settle_at_exit
-from ..errors import OrderError, PerforationError
+from ..errors import OrderError, PerforationError, require_bool
 from ..nn.layers import dendritic_layers
 from ..parallel import ParallelBackend, backend_of
 from ..rules import make_rule
@@ -62,8 +62,8 @@ class GrowthController(OnRequestMethods, OptimizerMethods, CheckpointMethods):
         config = PerforaConfig.coerce(config)
         if settings:
             config = config.replace(**settings)
-        self.config = config
-        self.model = model
+        write_files = require_bool(write_files, "write_files")  # before the model changes
+        self.config, self.model = config, model
         self.backend: ParallelBackend = backend_of(model)
         if is_distributed():
             settle_at_exit()  # gloo's worker threads finish their work before Python ends

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from ..config import PerforaConfig
-from ..errors import CheckpointError, ConfigError, PerforaError
+from ..errors import CheckpointError, ConfigError, PerforaError, require_bool
 from ..growth import GrowthController
 from ..growth.state import CONTINUE, Decision
 from ..nn.layers import dendritic_layers
@@ -113,7 +113,9 @@ class DendriteGrowth(GrowthCallback, Callback):
         mode = self.config_mode(mode) or "min"
         self.config = self.growth_config(mode)
         self.monitor, self.mode = monitor, mode
-        self.run_dir, self.log_metrics, self.verbose = run_dir, log_metrics, bool(verbose)
+        self.run_dir = run_dir
+        self.log_metrics = require_bool(log_metrics, "log_metrics")
+        self.verbose = require_bool(verbose, "verbose")
         self._pl_module: nn.Module | None = None
         self._pending: dict[str, Any] | None = None
         self._validations = 0  # validation ends seen in this fit (sanity check excluded)

@@ -34,7 +34,7 @@ from ..checkpoint.files import read_regular_file
 from ..checkpoint.schema import MAX_HEADER_BYTES
 from ..checkpoint.weight_files import folder_shapes
 from ..config import PerforaConfig
-from ..errors import CheckpointError, ConfigError, OrderError, PerforaError
+from ..errors import CheckpointError, ConfigError, OrderError, PerforaError, require_bool
 from ..growth import GrowthController
 from ..growth.state import CONTINUE
 from ..nn.layers import unwrap_model
@@ -119,9 +119,10 @@ class DendriteGrowthCallback(GrowthCallback, TrainerCallback):
         self.mode = self.config_mode(mode)
         self.growth_config(self.mode or "min")  # invalid settings fail here, not at bind
         self.config: PerforaConfig | None = None
-        self.run_dir, self.write_files = run_dir, write_files
-        self.restore_best_at_end = bool(restore_best_at_end)
-        self.log_metrics, self.verbose = bool(log_metrics), bool(verbose)
+        self.run_dir, self.write_files = run_dir, require_bool(write_files, "write_files")
+        self.restore_best_at_end = require_bool(restore_best_at_end, "restore_best_at_end")
+        self.log_metrics = require_bool(log_metrics, "log_metrics")
+        self.verbose = require_bool(verbose, "verbose")
         self.trainer: Trainer | None = None
         self._warned_missing = False
 

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import CheckpointError, ConversionError, PerforationError
+from ..errors import CheckpointError, ConversionError, PerforationError, require_bool
 from .attention import is_attention_projection, route_wrapped_layers
 from .layers import DendriticLayer, bank_kind, dendritic_layers, unwrap_model
 from .tied import rename_tied_keys, tie_reason, tied_modules
@@ -113,6 +113,8 @@ def perforate(
     """
     if not isinstance(model, nn.Module):
         raise PerforationError(f"perforate() needs an nn.Module, got {type(model).__name__}")
+    group_norms = require_bool(group_norms, "group_norms")
+    verbose = require_bool(verbose, "verbose")
     inner = unwrap_model(model)
     paths = [_norm_path(p) for p in paths]
     names = set(names)

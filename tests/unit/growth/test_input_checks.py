@@ -35,6 +35,15 @@ def test_values_that_used_to_slip_through_are_refused(settings, match):
         PerforaConfig(**settings)
 
 
+def test_write_files_that_is_not_a_bool_is_refused_before_the_model_changes():
+    model = perfora.perforate(nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2)))
+    with pytest.raises(ConfigError, match="write_files must be True or False, got 'False' "
+                                          r"\(a string: write True or False without quotes\)"):
+        GrowthController(model, write_files="False", activation="tanh")
+    assert {layer.activation for layer in perfora.dendritic_layers(model).values()} == {
+        "sigmoid"}  # the controller's setting was not applied
+
+
 def test_a_large_init_scale_within_the_limit_still_grows_finite():
     ctl = controller(dendrite_init="default", dendrite_init_scale=1e4)
     ctl.add_dendrites()

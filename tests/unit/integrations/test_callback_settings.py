@@ -55,3 +55,24 @@ def test_hugging_face_callback_takes_what_config_sets():
     assert DendriteGrowthCallback().mode is None  # left to the Trainer's conventions at bind
     with pytest.raises(ConfigError, match="disagree"):
         DendriteGrowthCallback(patience=2, config={"n_epochs_to_switch": 4})
+
+
+@pytest.mark.parametrize("flag", ["log_metrics", "verbose"])
+@pytest.mark.parametrize("value", ["False", 0, None])
+def test_lightning_callback_flags_refuse_non_bools(flag, value):
+    """``bool("False")`` is True: a flag taken through ``bool()`` turned on when asked off."""
+    with pytest.raises(ConfigError, match=f"{flag} must be True or False, got {value!r}"):
+        DendriteGrowth(**{flag: value})
+    assert getattr(DendriteGrowth(**{flag: False}), flag) is False
+
+
+@pytest.mark.parametrize("flag", ["log_metrics", "verbose", "restore_best_at_end",
+                                  "write_files"])
+def test_hugging_face_callback_flags_refuse_non_bools(flag):
+    pytest.importorskip("transformers")
+    from perfora.integrations.transformers import DendriteGrowthCallback
+
+    with pytest.raises(ConfigError, match=f"{flag} must be True or False, got 'False' "
+                                          r"\(a string: write True or False without quotes\)"):
+        DendriteGrowthCallback(**{flag: "False"})
+    assert getattr(DendriteGrowthCallback(**{flag: False}), flag) is False

@@ -1,5 +1,6 @@
 """perforate() refuses, before the model changes, layers that growth could never extend: an
-uninitialised lazy layer and a layer with integer (quantized-looking) weights."""
+uninitialised lazy layer and a layer with integer (quantized-looking) weights; and flags that
+are not True or False."""
 
 from __future__ import annotations
 
@@ -69,3 +70,13 @@ def test_a_single_layer_as_the_model_is_refused_with_what_to_do(layer):
         perfora.perforate(layer)
     wrapped = perfora.perforate(nn.Sequential(layer))  # what the message says to do
     assert set(perfora.dendritic_layers(wrapped)) == {"0"}
+
+
+@pytest.mark.parametrize("flag", ["group_norms", "verbose"])
+def test_a_flag_that_is_not_a_bool_is_refused_before_the_model_changes(flag):
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+    before = _state(model)
+    with pytest.raises(perfora.ConfigError, match=f"{flag} must be True or False, got 'no'"):
+        perfora.perforate(model, **{flag: "no"})
+    assert not perfora.dendritic_layers(model)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
