@@ -14,6 +14,7 @@ a layer's GradMax rows (computed for its input width before the step) still fit.
 from __future__ import annotations
 
 import contextlib
+import re
 import warnings
 import zlib
 from collections.abc import Mapping
@@ -106,6 +107,8 @@ def check_neuron_growth(model: nn.Module, backend: ParallelBackend, config: Perf
     plan: WideningPlan = plan_widening(inner, pairs=config.neuron_pairs)
     reasons = [f"{p}: {plan.layers[p].reason or frozen_reason(inner, plan.layers[p])}"
                for p in dendritic_layers(inner) if p in plan.layers]
+    reasons = [re.sub(r"(?<!neuron_)\bpairs=", "neuron_pairs=", r) for r in reasons]  # the
+    # planner's argument is the controller's setting neuron_pairs
     why = "; ".join(reasons) or "no Linear/Conv layer is wrapped"
     remedy = ("wrap the layers whose outputs another wrapped-or-plain Linear/Conv reads, name "
               "their readers with the setting neuron_pairs={path: [reader paths]}")

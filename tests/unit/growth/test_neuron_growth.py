@@ -231,8 +231,10 @@ def test_auto_says_when_it_can_grow_dendrites_only(recwarn):
 
     with pytest.warns(UserWarning, match=r"growth='auto' will grow dendrites only: no wrapped "
                                          r"layer can gain neurons \(2: its output goes to an "
-                                         r"output of the model.*neuron_pairs="):
+                                         r"output of the model.*neuron_pairs=") as said:
         ctl = perfora.GrowthController(only_last(), write_files=False)  # the default: auto
+    message = str(said[0].message)  # the setting's name, not the planner's argument pairs=
+    assert "pass neuron_pairs=)" in message and " pairs=" not in message
     assert ctl.config.max_neuron_steps == 0
     recwarn.clear()
     # nothing to say where dendrites are what was asked for, or neurons can grow
