@@ -13,6 +13,7 @@ from torch import nn
 from ..errors import CheckpointError, ConversionError, PerforationError, require_bool
 from .attention import is_attention_projection, route_wrapped_layers
 from .layers import DendriticLayer, bank_kind, dendritic_layers, unwrap_model
+from .selectors import module_types, string_list
 from .tied import rename_tied_keys, tie_reason, tied_modules
 from .widening import add_width_hook, replay_widenings
 
@@ -87,12 +88,12 @@ def _excluded(path: str, module: nn.Module, exclude: Sequence[str],
 def perforate(
     model: nn.Module,
     *,
-    types: Iterable[type[nn.Module]] | None = None,
-    names: Iterable[str] = (),
-    paths: Iterable[str] = (),
+    types: type[nn.Module] | Iterable[type[nn.Module]] | None = None,
+    names: str | Iterable[str] = (),
+    paths: str | Iterable[str] = (),
     predicate: Predicate | None = None,
-    exclude: Iterable[str] = (),
-    exclude_types: Iterable[type[nn.Module]] = (),
+    exclude: str | Iterable[str] = (),
+    exclude_types: type[nn.Module] | Iterable[type[nn.Module]] = (),
     group_norms: bool = False,
     groups: Iterable[tuple[str, str]] = (),
     neuron_axes: Mapping[str, int] | None = None,
@@ -105,24 +106,25 @@ def perforate(
 
     Selection: ``types`` (default Linear and Conv1d/2d/3d when no other selector is given),
     class ``names``, dotted ``paths`` and a ``predicate(path, module)``; ``exclude`` (paths
-    or prefixes) and ``exclude_types`` win over them. ``group_norms`` groups a norm layer that
-    directly follows a selected layer inside an ``nn.Sequential`` with it (explicit pairs go in
-    ``groups``). Modules other than Linear/Conv need their neuron axis in ``neuron_axes``
-    (by path or class name); their neuron count comes from ``num_neurons``, a size attribute
-    or one forward pass of ``example_input``. See :func:`describe` for the report.
+    or prefixes) and ``exclude_types`` win over them; one string or class alone is a list of
+    one. ``group_norms`` groups a norm layer that directly follows a selected layer inside an
+    ``nn.Sequential`` with it (explicit pairs go in ``groups``). Modules other than
+    Linear/Conv need their neuron axis in ``neuron_axes`` (by path or class name); their
+    neuron count comes from ``num_neurons``, a size attribute or one forward pass of
+    ``example_input``. See :func:`describe` for the report.
     """
     if not isinstance(model, nn.Module):
         raise PerforationError(f"perforate() needs an nn.Module, got {type(model).__name__}")
     group_norms = require_bool(group_norms, "group_norms")
     verbose = require_bool(verbose, "verbose")
     inner = unwrap_model(model)
-    paths = [_norm_path(p) for p in paths]
-    names = set(names)
-    exclude = [_norm_path(e) for e in exclude]
-    exclude_types = tuple(exclude_types)
+    paths = [_norm_path(p) for p in string_list(paths, "paths")]
+    names = set(string_list(names, "names"))
+    exclude = [_norm_path(e) for e in string_list(exclude, "exclude")]
+    exclude_types = module_types(exclude_types, "exclude_types")
     if types is None:
         types = () if (paths or names or predicate) else DEFAULT_TYPES
-    types = tuple(types)
+    types = module_types(types, "types")
     neuron_axes = dict(neuron_axes or {})
     num_neurons = dict(num_neurons or {})
     pair_map = {_norm_path(a): _norm_path(b) for a, b in groups}

@@ -90,6 +90,11 @@ def widen(model: nn.Module, layer: str | LayerPlan, k: int,
     Raises :class:`PerforationError` (before anything changes) when the layer cannot be
     widened, saying why. Returns the plan entry that was applied."""
     inner = unwrap_model(model)
+    if isinstance(layer, int) and not isinstance(layer, bool):
+        layer = str(layer)  # an index into an nn.Sequential is its path
+    if not isinstance(layer, (str, LayerPlan)):
+        raise PerforationError(f"widen() takes a layer's path (e.g. 'encoder.0') or an entry "
+                               f"of plan_widening(model).layers, got {layer!r}")
     if isinstance(layer, str):
         plan = plan_widening(inner, pairs=pairs)
         if layer not in plan.layers:

@@ -80,3 +80,35 @@ def test_a_flag_that_is_not_a_bool_is_refused_before_the_model_changes(flag):
         perfora.perforate(model, **{flag: "no"})
     assert not perfora.dendritic_layers(model)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+class _TwoLayers(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(3, 4), nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.fc1(x).relu())
+
+
+@pytest.mark.parametrize("selection", [{"paths": "fc1"}, {"names": "Linear", "exclude": "fc2"},
+                                       {"types": nn.Linear, "exclude": "fc2"}],
+                         ids=["paths", "names", "types"])
+def test_one_string_or_class_alone_selects_as_a_list_of_one(selection):
+    """``paths="fc1"`` used to be read letter by letter ("no module at path 'f'")."""
+    model = perfora.perforate(_TwoLayers(), **selection)
+    assert list(perfora.dendritic_layers(model)) == ["fc1"]
+
+
+@pytest.mark.parametrize("selection, match", [
+    ({"types": ["Linear"]}, r"types= takes classes such as nn.Linear, got the string 'Linear'; "
+                            r"class names go in names=\['Linear'\]"),
+    ({"paths": 3}, "paths= takes a string or a list of strings, got 3"),
+    ({"names": [nn.Linear]}, "names= takes strings"),
+    ({"exclude_types": int}, "exclude_types= takes nn.Module classes"),
+])
+def test_a_selector_of_the_wrong_kind_is_a_perforation_error(selection, match):
+    model = _TwoLayers()
+    with pytest.raises(perfora.PerforationError, match=match):
+        perfora.perforate(model, **selection)
+    assert not perfora.dendritic_layers(model)

@@ -288,3 +288,14 @@ def test_pairs_for_one_half_of_a_gated_block_are_refused_before_any_change():
                                                        r"up_proj \(Llama MLP"):
         perfora.widen(model, "gate_proj", 2, pairs={"gate_proj": ["down_proj"]})
     assert model.gate_proj.out_features == 16 and model.down_proj.in_features == 16
+
+
+def test_widen_takes_a_sequential_index_and_refuses_other_layer_values():
+    model = nn.Sequential(nn.Linear(8, 4), nn.ReLU(), nn.Linear(4, 2))
+    before = model(X)
+    perfora.widen(model, 0, 3)  # the index of an nn.Sequential step is its path
+    assert model[0].out_features == 7 and torch.equal(model(X), before)
+    with pytest.raises(perfora.PerforationError, match=r"widen\(\) takes a layer's path "
+                                                       r"\(e.g. 'encoder.0'\).*got 1.5"):
+        perfora.widen(model, 1.5, 3)
+    assert model[0].out_features == 7
