@@ -367,6 +367,14 @@ HINTS = {
     "lr": _OPTIMIZER_HINT,
     "learning_rate": _OPTIMIZER_HINT,
     "monitor": "the controller takes the score itself: controller.step(val_score)",
+    "optimizer": "register it with controller.set_optimizer(torch.optim.Adam, lr=...), or "
+                 "one you built with controller.set_optimizer_instance(optimizer)",
+    "scheduler": "register it with controller.set_scheduler(StepLR, step_size=...)",
+    "verbose": "the controller prints nothing itself: controller.step(score) returns a "
+               "decision whose reason says what it did; print(decision.reason)",
+    **{name: "the folder of the run files is an argument of the controller (or callback): "
+             "GrowthController(model, run_dir=...)"
+       for name in ("rundir", "run_directory", "output_dir", "save_dir", "log_dir")},
 }
 """Names from other libraries that mean no setting here, with what to do instead."""
 

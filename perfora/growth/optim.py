@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,9 +22,14 @@ class OptimizerRecipe:
 
     def __post_init__(self) -> None:
         if not (isinstance(self.cls, type) and issubclass(self.cls, torch.optim.Optimizer)):
+            if isinstance(self.cls, torch.optim.Optimizer):
+                raise ConfigError(f"set_optimizer needs an optimizer class such as "
+                                  f"torch.optim.Adam, got a {type(self.cls).__name__} you "
+                                  "built: give set_optimizer_instance(optimizer) that one")
             raise ConfigError(f"set_optimizer needs an optimizer class such as "
                               f"torch.optim.Adam, got {self.cls!r}")
         self.kwargs = {k: v for k, v in self.kwargs.items() if k != "params"}
+        check_arguments(self.cls, self.kwargs)
 
     def build(self, model: nn.Module) -> torch.optim.Optimizer:
         """A new optimizer over the parameters that currently require a gradient."""
@@ -46,9 +52,25 @@ class SchedulerRecipe:
             raise ConfigError(f"set_scheduler needs a scheduler class such as "
                               f"torch.optim.lr_scheduler.StepLR, got {self.cls!r}")
         self.kwargs = {k: v for k, v in self.kwargs.items() if k != "optimizer"}
+        check_arguments(self.cls, self.kwargs)
 
     def build(self, optimizer: torch.optim.Optimizer) -> Any:
         return self.cls(optimizer, **self.kwargs)
+
+
+def check_arguments(cls: type, kwargs: dict[str, Any]) -> None:
+    """Refuse, when registered, arguments the class would refuse at its first build (an
+    unknown name, a missing required one), not epochs later at a restructure."""
+    try:
+        signature = inspect.signature(cls)
+    except (TypeError, ValueError):  # no signature to read: the build will say
+        return
+    try:
+        signature.bind(None, **kwargs)  # the parameters (or optimizer) come first
+    except TypeError as error:
+        takes = [n for n in signature.parameters if n not in ("self", "params", "optimizer")]
+        raise ConfigError(f"the arguments given for {cls.__name__}: {error}; it takes "
+                          f"{', '.join(takes)}") from None
 
 
 def is_plateau(scheduler: Any) -> bool:

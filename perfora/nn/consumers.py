@@ -415,10 +415,12 @@ def _follow_graph(model: nn.Module, start: torch.fx.Node) -> LayerPlan:
         elif node.op == "call_function" and node.target is torch.flatten and \
                 tuple(node.args[1:]) in ((1,), ()) and node.kwargs.get("start_dim", 1) == 1:
             nxt = [(user, True) for user in node.users]
+        elif node.op == "output":  # its width is the model's: no pairs= can change that
+            return refuse(path, "its output is an output of the model (its width is the "
+                                "model's output size)", by)
         elif not (node.op == "call_function" and node.target in _EXACT_FUNCTIONS
                   or node.op == "call_method" and node.target in _EXACT_METHODS):
-            what = "an output of the model" if node.op == "output" else \
-                f"{getattr(node.target, '__name__', node.target)} ({node.op})"
+            what = f"{getattr(node.target, '__name__', node.target)} ({node.op})"
             return refuse(path, f"its output goes to {what}, which a widening cannot follow "
                                  "(elementwise modules and relu are followed); pass pairs=", by)
         todo.extend(nxt)

@@ -75,3 +75,16 @@ def test_demo_refuses_a_seed_torch_cannot_take_with_a_usage_error(tmp_path):
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "--seed" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("name, match", [
+    ("optimizer", r"controller.set_optimizer\(torch.optim.Adam, lr=...\)"),
+    ("scheduler", r"controller.set_scheduler"),
+    ("rundir", r"GrowthController\(model, run_dir=...\)"),
+    ("output_dir", r"GrowthController\(model, run_dir=...\)"),
+    ("verbose", r"print\(decision.reason\)"),
+])
+def test_names_users_reach_for_say_where_that_goes(name, match):
+    """Not a list of every setting, or 'did you mean maximize' for optimizer=."""
+    with pytest.raises(ConfigError, match=f"unknown setting '{name}': .*{match}"):
+        controller(**{name: object()})

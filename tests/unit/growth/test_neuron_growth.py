@@ -230,11 +230,10 @@ def test_auto_says_when_it_can_grow_dendrites_only(recwarn):
                                  paths=["2"])
 
     with pytest.warns(UserWarning, match=r"growth='auto' will grow dendrites only: no wrapped "
-                                         r"layer can gain neurons \(2: its output goes to an "
-                                         r"output of the model.*neuron_pairs=") as said:
+                                         r"layer can gain neurons \(2: its output is an output "
+                                         r"of the model \(its width is the model's output "
+                                         r"size\)\).*neuron_pairs="):
         ctl = perfora.GrowthController(only_last(), write_files=False)  # the default: auto
-    message = str(said[0].message)  # the setting's name, not the planner's argument pairs=
-    assert "pass neuron_pairs=)" in message and " pairs=" not in message
     assert ctl.config.max_neuron_steps == 0
     recwarn.clear()
     # nothing to say where dendrites are what was asked for, or neurons can grow
@@ -242,6 +241,24 @@ def test_auto_says_when_it_can_grow_dendrites_only(recwarn):
     perfora.GrowthController(only_last(), max_neuron_steps=0, write_files=False)
     perfora.GrowthController(_model(), write_files=False)
     assert not [w for w in recwarn if "dendrites only" in str(w.message)]
+
+
+class _Cumsum(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(6, 4), nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.cumsum(self.fc1(x), -1))  # mixes the neurons: not followed
+
+
+def test_the_warning_names_the_setting_neuron_pairs_not_the_planners_argument():
+    model = perfora.perforate(_Cumsum(), paths=["fc1"])
+    with pytest.warns(UserWarning, match="dendrites only") as said:
+        perfora.GrowthController(model, write_files=False)
+    message = str(said[0].message)
+    assert "fc1: its output goes to cumsum (call_function)" in message
+    assert "pass neuron_pairs=)" in message and " pairs=" not in message
 
 
 def test_a_dataparallel_model_is_rewrapped_widened():

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from torch.optim.lr_scheduler import ReduceLROnPlateau, StepLR
 
-from perfora import GrowthController, OrderError, dendritic_layers, perforate
+from perfora import ConfigError, GrowthController, OrderError, dendritic_layers, perforate
 
 C, R, DONE = "continue", "restructure", "complete"
 
@@ -280,6 +280,26 @@ def test_set_optimizer_instance_rejects_non_optimizers():
     ctl = controller()
     with pytest.raises(OrderError, match="Optimizer"):
         ctl.set_optimizer_instance(torch.optim.SGD)
+
+
+@pytest.mark.parametrize("register, match", [
+    (lambda ctl: ctl.set_optimizer(torch.optim.Adam, learning_rate=1e-3),
+     "the arguments given for Adam: got an unexpected keyword argument 'learning_rate'; it "
+     "takes lr, betas"),
+    (lambda ctl: ctl.set_scheduler(StepLR, gamma=0.5),
+     "the arguments given for StepLR: missing a required argument: 'step_size'"),
+    (lambda ctl: ctl.set_optimizer(torch.optim.SGD(ctl.model.parameters(), lr=0.1)),
+     r"got a SGD you built: give set_optimizer_instance\(optimizer\) that one"),
+])
+def test_arguments_the_optimizer_would_refuse_are_refused_when_registered(register, match):
+    """Not at the first build, or epochs later at a restructure's rebuild."""
+    ctl = controller()
+    with pytest.raises(ConfigError, match=match):
+        register(ctl)
+    ctl.set_optimizer(torch.optim.Adam, lr=1e-3, params=None)  # params is dropped, as before
+    ctl.set_scheduler(ReduceLROnPlateau, mode="max", patience=2)
+    optimizer, scheduler = ctl.build_optimizer()
+    assert optimizer.param_groups[0]["lr"] == 1e-3 and scheduler.patience == 2
 
 
 # --------------------------------------------------------------------------- real training
