@@ -27,7 +27,7 @@ def _demo(args: argparse.Namespace) -> int:
     result = run_demo(seed=args.seed, out=args.out, hidden=args.hidden,
                       patience=args.patience, max_dendrites=args.max_dendrites,
                       growth=args.growth,
-                      progress=not args.json and not args.no_progress)
+                      progress=not (args.json or args.no_progress) and _is_terminal(sys.stderr))
     if args.json:
         print(json.dumps(result))
     else:
@@ -36,6 +36,12 @@ def _demo(args: argparse.Namespace) -> int:
         if args.out:
             print("\n" + run_files_line(result, args.out))
     return 0
+
+
+def _is_terminal(stream: object) -> bool:
+    """A progress bar redraws with carriage returns: thousands of lines in a log file."""
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty and isatty())
 
 
 def _launch(args: argparse.Namespace) -> int:
@@ -136,7 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--growth", choices=("auto", "dendrites", "neurons"), default="auto",
                       help="what the grown arm grows: both kinds, as the validation score "
                            "chooses (default), or one kind")
-    demo.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    demo.add_argument("--no-progress", action="store_true",
+                      help="hide the progress bar (hidden anyway when stderr is not a terminal)")
     demo.set_defaults(func=_demo)
 
     launch = sub.add_parser(

@@ -112,10 +112,6 @@ class GrowthController(OnRequestMethods, OptimizerMethods, CheckpointMethods):
         """The dendritic layers of the current model, by path."""
         return dendritic_layers(self.model)
 
-    def _layer_dendrites(self) -> int:
-        """Dendrite sets of the layers (the largest count: "best" may hold fewer)."""
-        return surgery.layer_dendrites(self.model)
-
     @property
     def num_dendrites(self) -> int:
         """Dendrite sets currently in every wrapped layer."""
@@ -137,6 +133,11 @@ class GrowthController(OnRequestMethods, OptimizerMethods, CheckpointMethods):
         return self.state.global_best
 
     @property
+    def best_test_score(self) -> float | None:
+        """The test score given with the best validation score (None: none was given)."""
+        return self.state.best_test
+
+    @property
     def phase(self) -> str:
         """The learning rule's current phase."""
         return self.rule.phase
@@ -156,8 +157,7 @@ class GrowthController(OnRequestMethods, OptimizerMethods, CheckpointMethods):
             self._take_engine_optimizer()
 
     def _take_engine_optimizer(self) -> None:
-        """Under DeepSpeed the engine builds the optimizer (and steps its scheduler):
-        perfora hands it over instead of building one."""
+        """Under DeepSpeed the engine builds the optimizer (and its scheduler): take it."""
         if self.backend.owns_optimizer:
             self._slot.hand_over(self.backend.engine_optimizer(self.model))
 

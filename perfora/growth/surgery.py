@@ -48,12 +48,6 @@ def apply_activation(layers: Mapping[str, Any], activation: str | None) -> None:
         layer.activation = activation
 
 
-def layer_dendrites(model: nn.Module) -> int:
-    """Dendrite sets of the model's layers (the largest count: "best" may hold fewer)."""
-    counts = {layer.num_dendrites for layer in dendritic_layers(model).values()}
-    return max(counts) if counts else 0
-
-
 def snapshot_best(model: nn.Module, backend: ParallelBackend) -> BestSnapshot:
     """The model's structure and tensors, kept as the best snapshot (for the rewind); under
     FSDP2 this rank's shards only."""

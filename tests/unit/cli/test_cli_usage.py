@@ -128,6 +128,29 @@ def test_a_run_folder_that_exists_is_used(tmp_path: Path, monkeypatch, capsys):
     capsys.readouterr()
 
 
+def test_the_progress_bar_shows_only_on_a_terminal(monkeypatch, capsys):
+    """Redirected to a file, the bar's redraws would fill it with thousands of lines."""
+    import io
+
+    import perfora.cli.demo as demo
+
+    calls = []
+    monkeypatch.setattr(demo, "run_demo", lambda **kw: calls.append(kw) or {"arms": []})
+    monkeypatch.setattr(demo, "format_table", lambda result: "table")
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    for stderr in (io.StringIO(), Terminal()):
+        monkeypatch.setattr("sys.stderr", stderr)
+        assert main(["demo", "--out", ""]) == 0
+    monkeypatch.setattr("sys.stderr", Terminal())
+    assert main(["demo", "--out", "", "--no-progress"]) == 0
+    assert [c["progress"] for c in calls] == [False, True, False]
+    capsys.readouterr()
+
+
 def test_version_names_perfora_torch_and_python(capsys):
     import sys
 

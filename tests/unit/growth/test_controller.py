@@ -177,8 +177,16 @@ def test_zero_of_any_type_is_a_score(zero):
 
 def test_zero_test_score_is_recorded():
     ctl = controller(n_epochs_to_switch=5)
+    assert ctl.best_test_score is None
     ctl.step(0.5, test_score=0.0)
-    assert ctl.state.best_test == 0.0
+    assert ctl.state.best_test == 0.0 and ctl.best_test_score == 0.0
+
+
+def test_the_best_test_score_is_the_one_given_at_the_best_validation_epoch():
+    ctl = controller(n_epochs_to_switch=5)
+    for score, test in [(0.5, 0.40), (0.7, 0.61), (0.6, 0.90)]:  # the last: a worse epoch
+        ctl.step(score, test_score=test)
+    assert ctl.best_score == 0.7 and ctl.best_test_score == 0.61
 
 
 # --------------------------------------------------------------------------- thresholds
