@@ -88,3 +88,12 @@ def test_names_users_reach_for_say_where_that_goes(name, match):
     """Not a list of every setting, or 'did you mean maximize' for optimizer=."""
     with pytest.raises(ConfigError, match=f"unknown setting '{name}': .*{match}"):
         controller(**{name: object()})
+
+
+def test_keywords_beside_a_config_replace_its_values_and_leave_it_alone():
+    """The documented base-config pattern: GrowthController(model, base, max_dendrites=1)."""
+    base = PerforaConfig(max_dendrites=4, n_epochs_to_switch=7)
+    model = perfora.perforate(nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2)))
+    ctl = GrowthController(model, base, write_files=False, max_dendrites=1)
+    assert ctl.config.max_dendrites == 1 and ctl.config.n_epochs_to_switch == 7
+    assert base.max_dendrites == 4
