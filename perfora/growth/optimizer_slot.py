@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import OrderError
+from ..errors import ConfigError, OrderError
 from ..nn.layers import unwrap_model
 from ..parallel.base import ParallelBackend
 from .optim import OptimizerRecipe, SchedulerRecipe, check_plateau_mode, current_lr, step_scheduler
@@ -202,7 +202,9 @@ class OptimizerMethods:
     def set_optimizer_instance(self, optimizer: torch.optim.Optimizer,
                                scheduler: Any = None) -> None:
         """Use an optimizer you built. After a restructure you must rebuild it yourself;
-        after a neuron step the one you register gets the old one's moments."""
+        after a neuron step the one you register gets the old one's moments. One over none of
+        the model's parameters (another model's) is a ConfigError."""
+        _check_covers_model(optimizer, self.model)
         self._slot.set_instance(optimizer, scheduler)
         self.carry_optimizer_state(optimizer, scheduler)
 
@@ -227,3 +229,17 @@ class OptimizerMethods:
         """A framework's optimizer (Lightning, HF Trainer): read for the learning rate and
         saved in checkpoints, never rebuilt by perfora (the framework rebuilds it)."""
         self._slot.hand_over(optimizer)
+
+
+def _check_covers_model(optimizer: Any, model: nn.Module) -> None:
+    """An optimizer over none of the model's parameters trains another model: refused, as
+    the epochs trained with it would change nothing here."""
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        return  # set_instance says what it needs
+    own = {id(p) for p in unwrap_model(model).parameters()}
+    given = [p for group in optimizer.param_groups for p in group["params"]]
+    if own and given and not any(id(p) in own for p in given):
+        raise ConfigError("set_optimizer_instance: the optimizer holds none of this model's "
+                          "parameters (built over another model, or a copy of it?); build "
+                          "it over the model the controller grows, e.g. torch.optim.Adam("
+                          "decision.model.parameters())")

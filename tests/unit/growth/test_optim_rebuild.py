@@ -302,6 +302,18 @@ def test_arguments_the_optimizer_would_refuse_are_refused_when_registered(regist
     assert optimizer.param_groups[0]["lr"] == 1e-3 and scheduler.patience == 2
 
 
+def test_set_optimizer_instance_refuses_an_optimizer_over_another_model():
+    """Its steps would train the other model; the grown one would never change."""
+    ctl = controller()
+    other = make_model(seed=1)
+    with pytest.raises(ConfigError, match="holds none of this model's parameters"):
+        ctl.set_optimizer_instance(torch.optim.SGD(other.parameters(), lr=0.1))
+    assert ctl.optimizer is None
+    own = torch.optim.SGD(ctl.model.parameters(), lr=0.1)
+    ctl.set_optimizer_instance(own)
+    assert ctl.optimizer is own
+
+
 # --------------------------------------------------------------------------- real training
 def test_short_training_run_grows_and_trains_new_dendrites():
     torch.manual_seed(0)
