@@ -76,6 +76,10 @@ def _refuse_unsafe(path: Path, head: bytes, size: int) -> None:
             "yourself with torch.load(weights_only=True) if you trust it")
     if size < 8:
         raise CheckpointError(f"{path} is truncated ({size} bytes): not a perfora checkpoint")
+    if not looks_safetensors and len(head) > 8:
+        raise CheckpointError(
+            f"{path} is not a safetensors file (its JSON header would open at byte 8; it "
+            f"starts {head[:12]!r}): not a perfora checkpoint")
     (header_len,) = struct.unpack("<Q", head[:8])
     if header_len <= 0 or 8 + header_len > size:
         raise CheckpointError(f"{path} is truncated or corrupt: its header says "
@@ -93,6 +97,11 @@ def load_checkpoint(path: str | os.PathLike, check_state: StateCheck | None = No
     :func:`perfora.checkpoint.schema.validate_meta`); tensor data is read only then, one
     tensor at a time, straight into its tensor."""
     path = Path(path)
+    if path.is_dir() and not path.name.endswith(".dcp"):
+        found = sorted(p.name for p in path.glob("*.safetensors"))
+        raise CheckpointError(
+            f"{path} is a folder, not a checkpoint file; pass one of the checkpoints in it: "
+            f"{', '.join(found)}" if found else f"{path} is a folder with no checkpoint in it")
     if not path.is_file():
         raise CheckpointError(f"no checkpoint at {path}")
     try:

@@ -23,6 +23,7 @@ from ..config import PerforaConfig
 from ..distributed.collectives import barrier
 from ..parallel import ParallelBackend, backend_of
 from ..rules import LearningRule
+from ..warn import warn_user
 from .checkpointer import checkpointer_for
 from .file_checkpointer import FILE_SUFFIX, FileCheckpointer
 from .optim import OptimizerRecipe, SchedulerRecipe
@@ -95,7 +96,9 @@ class CheckpointMethods:
         A bare name (``"latest"``, ``"best"``, ``"switch_3"``) is looked up in ``run_dir``
         (a ``.safetensors`` file or a ``.dcp`` folder; the newer when both are there). A
         DCP folder is read on any number of ranks (call it on every rank), or in one process.
-        Register the optimizer (and scheduler) before loading so their state is restored.
+        Register the optimizer (and scheduler) before loading so their state is restored
+        (a load without one warns). The controller keeps its own settings (perfora.resume
+        takes the checkpoint's); a ``maximize`` other than the saved one raises ConfigError.
         The file is checked and the load rehearsed on a weightless copy of the model first:
         a file that is corrupt or does not fit raises CheckpointError (ShapeMismatchError)
         and leaves the model, controller and optimizer as they were (a DCP folder: its
@@ -106,7 +109,13 @@ class CheckpointMethods:
             path = self.find_checkpoint(str(path_or_name))  # OrderError without a run_dir
         barrier()  # rank 0 may still be writing the file the other ranks read
         reader = checkpointer_for(path)
-        self._restore(reader.read(path), reader)
+        run = reader.read(path)
+        run.check_direction(self.config)
+        self._restore(run, reader)
+        if run.optimizer is not None and getattr(self, "optimizer", None) is None:
+            warn_user(f"{path.name} holds optimizer state that was not restored: no "
+                      "optimizer is registered. To continue the run exactly, call "
+                      "controller.set_optimizer(...) (and set_scheduler) before load()")
         return self._decision(RESTRUCTURE, f"loaded {path.name}")
 
     def find_checkpoint(self, name: str) -> Path:
@@ -147,6 +156,7 @@ class CheckpointMethods:
         reader = checkpointer_for(path)
         run = reader.read(path)
         config = run.settings(config, settings)
+        run.check_direction(config)
         rehearsed = reader.prepare_model(
             model, backend, run, config,
             OptimizerRecipe(optimizer, dict(optimizer_args or {})) if optimizer else None,

@@ -66,8 +66,23 @@ class RunReport:
         that file is missing or belongs to another run, the history starts at the saved
         rows (logged)."""
         history = [*self._earlier_rows(saved, epoch, source), *map(dict, saved)]
+        self._keep_later_rows(epoch)
         self.rewrite_metrics(history)
         return history
+
+    def _keep_later_rows(self, epoch: int) -> None:
+        """Before metrics.csv is cut back to ``epoch`` (a resume from ``best`` or a
+        ``switch_N``), copy it whole to ``metrics.until-epoch-N.csv``: the rows of the run
+        after the checkpoint are what its user compares the resumed run with."""
+        rows = read_metrics(self.metrics_path)
+        last = max((r["epoch"] for r in rows or ()), default=0)
+        if last <= epoch:
+            return
+        kept = self.run_dir / f"metrics.until-epoch-{last}.csv"
+        kept.write_bytes(self.metrics_path.read_bytes())
+        log.warning("perfora: resumed at epoch %d of a run that had reached epoch %d: "
+                    "metrics.csv now ends at epoch %d; the rows up to epoch %d are kept in %s",
+                    epoch, last, epoch, last, kept.name)
 
     def _earlier_rows(self, saved: Sequence[Mapping[str, Any]], epoch: int,
                       source: Path | None) -> list[dict[str, Any]]:

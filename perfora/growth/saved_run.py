@@ -123,6 +123,17 @@ class SavedRun:
         config = PerforaConfig.coerce(config)
         return config.replace(**overrides) if overrides else config
 
+    def check_direction(self, config: PerforaConfig) -> None:
+        """ConfigError when ``config`` reads scores the other way round from the saved run:
+        its best score and history would then be judged backwards."""
+        saved = (self.config or {}).get("maximize")
+        if isinstance(saved, bool) and saved != config.maximize:
+            raise ConfigError(
+                f"{self.source} was saved by a run with maximize={saved}, but the settings "
+                f"in force have maximize={config.maximize}: its best score and history would "
+                f"be read the other way round; resume with maximize={saved} (perfora.resume "
+                "takes it from the checkpoint when left out), or start a new run")
+
     def meta(self) -> dict[str, Any]:
         """perfora's JSON state, the same in a file's header and a DCP folder's perfora.json."""
         meta: dict[str, Any] = {"structure": self.structure, "controller": self.controller,

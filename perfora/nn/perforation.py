@@ -10,7 +10,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import CheckpointError, ConversionError, PerforationError, require_bool
+from ..errors import (
+    CheckpointError,
+    ConversionError,
+    PerforationError,
+    ShapeMismatchError,
+    require_bool,
+)
 from .attention import is_attention_projection, route_wrapped_layers
 from .layers import DendriticLayer, bank_kind, dendritic_layers, unwrap_model
 from .selectors import module_types, string_list
@@ -464,10 +470,14 @@ def rebuild_structure(model: nn.Module, specs: Mapping[str, Mapping]) -> None:
     for path, spec in specs.items():
         layer = layers[path]
         if layer.num_neurons != spec["num_neurons"]:
+            grown = sum(int(e.get("k", 0)) for e in spec.get("widened") or [])
+            here = (f"was built with {layer.num_neurons - grown} neurons here, but the saved "
+                    f"run started from {spec['num_neurons'] - grown} (and grew {grown} more)"
+                    if grown else f"has {layer.num_neurons} neurons here but "
+                    f"{spec['num_neurons']} in the checkpoint")
             raise PerforationError(
-                f"layer {path!r} has {layer.num_neurons} neurons here but "
-                f"{spec['num_neurons']} in the checkpoint: the model was built with another "
-                "width; build it with the same shape as the run that saved it")
+                f"layer {path!r} {here}: build the model with the same shape as the run "
+                "that saved it")
         layer.activation = spec["activation"]
         neurons = spec.get("neurons")
         if layer.num_dendrites != spec["num_dendrites"] or layer.set_neurons() != neurons:
@@ -475,8 +485,9 @@ def rebuild_structure(model: nn.Module, specs: Mapping[str, Mapping]) -> None:
 
 
 def fit_structure(model: nn.Module, specs: Mapping[str, Mapping[str, Any]], source: str,
-                  error: type[CheckpointError] = CheckpointError) -> None:
-    """rebuild_structure with its ConversionError turned into ``error`` naming ``source``."""
+                  error: type[CheckpointError] = ShapeMismatchError) -> None:
+    """rebuild_structure with its ConversionError turned into ``error`` naming ``source``
+    (by default ShapeMismatchError: the model does not fit the saved structure)."""
     try:
         rebuild_structure(model, specs)
     except ConversionError as exc:
