@@ -26,7 +26,7 @@ from ..errors import CompatNameError, ConfigError, OrderError
 from ..growth import GrowthController
 from ..growth.restart import COMPLETE_MARKER
 from ..nn.layers import dendritic_layers, unwrap_model
-from .rewrap import rewrap
+from .rewrap import refuse_fsdp2, rewrap
 from .settings import PAISettings
 
 log = logging.getLogger("perfora")
@@ -215,6 +215,7 @@ class PAITracker:
         if not isinstance(net, nn.Module):
             raise OrderError(f"GPA.pai_tracker.{call} needs the model, got "
                              f"{type(net).__name__}")
+        refuse_fsdp2(net, call)
         if unwrap_model(net) is not unwrap_model(ctl.model):
             raise OrderError(f"GPA.pai_tracker.{call} got a different model from the one given "
                              "to UPA.perforate_model; pass that model (or its DataParallel/DDP "

@@ -336,4 +336,38 @@ def test_fsdp2_sharded_without_perfora_is_refused_with_the_fix(tmp_path):
         assert r["error"] is not None and "shard_fsdp2" in r["error"]
 
 
+def _compat_sharded_after_perforate(rank: int, tmp: Path) -> dict:
+    """The PerforatedAI recipe's order: perforate_model, then fully_shard, then the tracker."""
+    from torch.distributed.fsdp import fully_shard
+
+    from perfora.compat import globals_perforatedai as GPA
+    from perfora.compat import utils_perforatedai as UPA
+
+    GPA.reset()
+    GPA.pc.set_testing_dendrite_capacity(False)
+    torch.manual_seed(1)
+    model = UPA.perforate_model(nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3)),
+                                save_name=str(tmp / "run"))
+    fully_shard(model, mesh=init_device_mesh("cpu", (WORLD,)))
+    GPA.pai_tracker.set_optimizer(torch.optim.Adam)
+    errors = {}
+    for call, go in [("setup_optimizer",
+                      lambda: GPA.pai_tracker.setup_optimizer(model, {"lr": 1e-3})),
+                     ("add_validation_score",
+                      lambda: GPA.pai_tracker.add_validation_score(0.5, model))]:
+        try:
+            go()
+        except perfora.ParallelError as exc:
+            errors[call] = str(exc)
+    return errors
+
+
+@pytest.mark.timeout(150)
+def test_compat_recipe_refuses_a_model_sharded_after_perforate_model(tmp_path):
+    # each rank refuses at the same call: no rank is left waiting in a collective
+    for r in run_ranks(_compat_sharded_after_perforate, tmp_path):
+        assert set(r) == {"setup_optimizer", "add_validation_score"}
+        assert all("do not re-shard FSDP2 models" in e for e in r.values())
+
+
 _ = batch  # the shared batches come through train_epoch
