@@ -174,7 +174,17 @@ class PerforaConfig:
     def __new__(cls, *args: Any, **settings: Any) -> PerforaConfig:
         # the generated __init__ would raise a bare TypeError for an unknown name
         check_setting_names(settings.keys())
-        return super().__new__(cls)
+        config = super().__new__(cls)
+        positional = [f.name for f in dataclasses.fields(cls)][:len(args)]
+        config._explicit = frozenset([*positional, *settings])
+        return config
+
+    @property
+    def explicit_settings(self) -> frozenset[str]:
+        """The settings given by name when this config was built (or changed by
+        :meth:`replace`); the others hold their defaults. A callback takes its own defaults
+        only for settings not given here."""
+        return getattr(self, "_explicit", frozenset(setting_names()))
 
     def __post_init__(self) -> None:
         self.validate()
@@ -333,7 +343,9 @@ class PerforaConfig:
     def replace(self, **changes: Any) -> PerforaConfig:
         """A validated copy with some settings changed."""
         check_setting_names(changes.keys())
-        return dataclasses.replace(self, **changes)
+        changed = dataclasses.replace(self, **changes)
+        changed._explicit = self.explicit_settings | set(changes)
+        return changed
 
 
 def setting_names() -> list[str]:

@@ -9,7 +9,6 @@ snapshot; the framework saves the weights itself).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 from collections.abc import Mapping
@@ -67,6 +66,10 @@ class GrowthCallback:
             if setting in settings:  # one would silently win over the other
                 raise ConfigError(f"{self.callback_name}({setting}=...): this callback takes "
                                   f"{own}= for it (as EarlyStopping does); give {own}= only")
+        if module is not None and not isinstance(module, str):
+            raise ConfigError(f"{self.callback_name}(module=...) takes the attribute path of "
+                              "the submodule to grow, as a string (module=\"net\" for "
+                              f"self.net), not the {type(module).__name__} itself")
         self.module_path = module
         self.perforate_kwargs = dict(perforate_kwargs or {})
         self._base_config = PerforaConfig.coerce(config) if config is not None else \
@@ -84,10 +87,13 @@ class GrowthCallback:
         self.controller = None
         self.last_decision = None
 
-    def _agree(self, setting: str, own: str, given: Any, in_config: Any) -> Any:
-        """``given`` (None: not given); a ConfigError where ``config`` set another value."""
+    def _agree(self, setting: str, own: str, given: Any, in_config: Any,
+               shown: Any = None) -> Any:
+        """``given`` (None: not given); a ConfigError where ``config`` set another value
+        (``shown``: the argument as the user wrote it, where ``given`` is translated)."""
         if given is not None and setting in self._set_in_config and given != in_config:
-            raise ConfigError(f"{self.callback_name}({own}={given!r}) and config="
+            shown = given if shown is None else shown
+            raise ConfigError(f"{self.callback_name}({own}={shown!r}) and config="
                               f"{{{setting!r}: {in_config!r}}} disagree; give one of them")
         return given
 
@@ -96,7 +102,7 @@ class GrowthCallback:
         callback's own default applies)."""
         maximize = self._base_config.maximize
         given = None if mode is None else mode == "max"
-        if self._agree("maximize", "mode", given, maximize) is not None:
+        if self._agree("maximize", "mode", given, maximize, shown=mode) is not None:
             return mode
         if "maximize" in self._set_in_config:
             return "max" if maximize else "min"
@@ -152,15 +158,14 @@ class GrowthCallback:
 
 
 def set_in(config: PerforaConfig | Mapping[str, Any] | None) -> set[str]:
-    """The settings ``config`` sets: a mapping's keys, or a PerforaConfig's fields that
-    differ from the defaults."""
+    """The settings ``config`` sets: a mapping's keys, or the settings a PerforaConfig was
+    given by name (even where they equal its defaults: ``PerforaConfig(maximize=True)``
+    sets the direction)."""
     if config is None:
         return set()
     if isinstance(config, Mapping):
         return set(config)
-    defaults = PerforaConfig()
-    return {f.name for f in dataclasses.fields(config)
-            if getattr(config, f.name) != getattr(defaults, f.name)}
+    return set(PerforaConfig.coerce(config).explicit_settings)
 
 
 def check_mode(mode: str) -> None:

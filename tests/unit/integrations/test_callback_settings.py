@@ -21,6 +21,28 @@ def test_lightning_callback_takes_what_config_sets(config):
     assert callback.mode == "min" and callback.config.maximize is False
 
 
+DEFAULT_VALUED = [PerforaConfig(maximize=True, max_dendrites=5),
+                  {"maximize": True, "max_dendrites": 5}]
+
+
+@pytest.mark.parametrize("config", DEFAULT_VALUED, ids=["PerforaConfig", "mapping"])
+def test_a_setting_given_at_its_config_default_still_counts_as_given(config):
+    # PerforaConfig's defaults (maximize=True, max_dendrites=5) are not the callback's
+    # ("min", 3): a value given in the config wins even where it equals the config default
+    callback = DendriteGrowth(monitor="val_score", config=config)
+    assert callback.mode == "max" and callback.config.maximize is True
+    assert callback.config.max_dendrites == 5
+    changed = PerforaConfig(maximize=True).replace(seed=2)
+    assert DendriteGrowth(config=changed).mode == "max"
+
+
+def test_module_takes_the_attribute_path_not_the_module():
+    import torch
+
+    with pytest.raises(ConfigError, match=r'module="net" for self.net\), not the Linear'):
+        DendriteGrowth(module=torch.nn.Linear(2, 2))
+
+
 def test_lightning_callback_defaults_where_neither_sets_them():
     callback = DendriteGrowth(config=PerforaConfig(seed=3))
     assert callback.config.n_epochs_to_switch == 10 and callback.config.max_dendrites == 3
@@ -39,7 +61,7 @@ def test_the_same_setting_given_both_ways_must_agree():
         DendriteGrowth(patience=3, config=PerforaConfig(n_epochs_to_switch=4))
     with pytest.raises(ConfigError, match=r"\(max_dendrites=2\) and config="):
         DendriteGrowth(max_dendrites=2, config={"max_dendrites": 6})
-    with pytest.raises(ConfigError, match=r"\(mode=False\) and config=\{'maximize': True\}"):
+    with pytest.raises(ConfigError, match=r"\(mode='min'\) and config=\{'maximize': True\}"):
         DendriteGrowth(mode="min", config={"maximize": True})
 
 
