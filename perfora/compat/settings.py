@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 from ..config import PerforaConfig, nearest_name
 from ..errors import CompatNameError, ConfigError, UnknownSettingError
+from ..warn import warn_user
 
 DOING_SWITCH_EVERY_TIME = 0
 DOING_HISTORY = 1
@@ -88,7 +89,9 @@ SETTINGS: dict[str, Spec] = {
     "confirm_correct_sizes": Spec(False, "accepted", _NO_PROMPTS),
     "output_dimensions": Spec([-1, 0, -1, -1], "accepted",
                               "perfora reads the neuron axis from the layer type (last axis "
-                              "for Linear, axis 1 for Conv)"),
+                              "for Linear, axis 1 for Conv); for other modules, perforate "
+                              "them first with perfora.perforate(model, names=..., "
+                              "neuron_axes=..., example_input=...)"),
     "debugging_output_dimensions": Spec(0, "accepted", _NO_PROMPTS),
     "extra_verbose": Spec(False, "accepted", "perfora logs through the 'perfora' logger"),
     "drawing_pai": Spec(True, "accepted", _GRAPHS),
@@ -168,6 +171,7 @@ class PAISettings:
         """Every setting back to its PerforatedAI default."""
         self._values = {name: copy.copy(spec.default) for name, spec in SETTINGS.items()}
         self._explicit = set()
+        self._perforated = False  # UPA.perforate_model has used the selection and save_name
 
     # ----------------------------------------------------------------- access
     def get(self, name: str) -> Any:
@@ -192,6 +196,15 @@ class PAISettings:
             self._values[name] = old
             raise ConfigError(f"GPA.pc.set_{name}({value!r}): {exc}") from None
         self._explicit.add(name)
+        if self._perforated and (spec.kind == "convert" or name == "save_name"):
+            what = "its run folder was" if name == "save_name" else "the modules were"
+            warn_user(f"GPA.pc.set_{name} after UPA.perforate_model changes nothing for this "
+                      f"run: {what} chosen by perforate_model; set it before that call")
+
+    def mark_perforated(self, done: bool) -> None:
+        """UPA.perforate_model has (True) or has not yet (False) used the module selection
+        and save_name: setting those afterwards warns that it changes nothing."""
+        self._perforated = done
 
     def append(self, name: str, values: Any) -> None:
         """Extend a list setting, as PerforatedAI's ``append_x`` does."""
@@ -219,6 +232,7 @@ class PAISettings:
                               "DOING_SWITCH_EVERY_TIME or DOING_NO_SWITCH")
         if name == "pai_forward_function":
             activation_name(self._values[name])
+
         if kind == "config":
             self.to_config()
         if kind == "run" and name == "save_name" and not isinstance(self._values[name], str):
@@ -304,8 +318,9 @@ class PAISettings:
 
 def unknown_setting_message(name: str) -> str:
     """'GPA.pc has no setting X; did you mean Y?'."""
-    return (f"GPA.pc has no setting {name!r}{_suggest(name, list(SETTINGS))}. Known settings: "
-            "see perfora.compat.settings.SETTINGS")
+    suggestion = _suggest(name, list(SETTINGS))
+    return (f"GPA.pc has no setting {name!r}{suggestion}{' ' if suggestion else '. '}Known "
+            "settings: see perfora.compat.settings.SETTINGS")
 
 
 def _suggest(name: str, known: list[str]) -> str:

@@ -49,6 +49,8 @@ _MISSING_HINTS = {
 class CompatController(GrowthController):
     """A GrowthController whose checkpoints carry PerforatedAI's file names."""
 
+    warns_unrestored_optimizer = False  # the recipe loads before setup_optimizer
+
     def checkpoint_path(self, name: str) -> Path:
         """``best`` -> best_model.pt; ``latest``/``switch_N`` -> <name>.pt in the run folder
         (DCP folders keep perfora's names)."""

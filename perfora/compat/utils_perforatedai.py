@@ -9,7 +9,7 @@ from torch import nn
 
 from ..checkpoint.model import load_model, save_model
 from ..distributed.collectives import is_rank_zero
-from ..errors import ConfigError, OrderError
+from ..errors import ConfigError, OrderError, PerforationError
 from ..nn.layers import unwrap_model
 from ..nn.perforation import perforate
 from . import globals_perforatedai as GPA
@@ -31,6 +31,7 @@ def perforate_model(model: nn.Module, doing_pai: bool = True, save_name: str = "
     if config_file is not None:
         raise ConfigError("perforate_model(config_file=...) is not supported: set the values "
                           "with GPA.pc.set_<name>(value) in the script")
+    GPA.pc.mark_perforated(False)  # a new run: its settings apply from here
     if save_name:
         GPA.pc.set("save_name", str(save_name))
     if maximizing_score is not None:
@@ -41,7 +42,17 @@ def perforate_model(model: nn.Module, doing_pai: bool = True, save_name: str = "
                       "this is a smoke test that adds a dendrite set every epoch and stops "
                       "after 3. Call GPA.pc.set_testing_dendrite_capacity(False) for a real "
                       "run", stacklevel=2)
-    perforate(model, **perforate_kwargs(model, GPA.pc))
+    try:
+        perforate(model, **perforate_kwargs(model, GPA.pc))
+    except PerforationError as exc:
+        if "neuron_axes" not in str(exc) and "num_neurons" not in str(exc):
+            raise
+        raise PerforationError(
+            f"{exc}. perforate_model has neither argument (GPA.pc.set_output_dimensions is "
+            "not read): wrap such modules first with perfora.perforate(model, "
+            "names=('<class>',), neuron_axes={'<class>': AXIS}, example_input=<one batch>); "
+            "UPA.perforate_model then keeps them and wraps the rest") from exc
+    GPA.pc.mark_perforated(True)
     GPA.pai_tracker.attach(model, GPA.pc.get("save_name") or "PAI", doing_pai=doing_pai)
     return model
 

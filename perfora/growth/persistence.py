@@ -45,6 +45,9 @@ class CheckpointMethods:
     rule: LearningRule
     run_dir: Path | None
     checkpoint_path: Callable[[str], Path]
+    # a load before any optimizer is registered warns that its saved state was not restored
+    # (the PerforatedAI recipe loads first by design: its controller sets this False)
+    warns_unrestored_optimizer: bool = True
 
     def _parts(self) -> RunParts:
         raise NotImplementedError
@@ -112,7 +115,8 @@ class CheckpointMethods:
         run = reader.read(path)
         run.check_direction(self.config)
         self._restore(run, reader)
-        if run.optimizer is not None and getattr(self, "optimizer", None) is None:
+        if (run.optimizer is not None and getattr(self, "optimizer", None) is None
+                and self.warns_unrestored_optimizer):
             warn_user(f"{path.name} holds optimizer state that was not restored: no "
                       "optimizer is registered. To continue the run exactly, call "
                       "controller.set_optimizer(...) (and set_scheduler) before load()")

@@ -35,6 +35,10 @@ CheckpointPaths = Callable[[str], Path]
 ``checkpoint_path`` (the compat controller names them as PerforatedAI does)."""
 
 
+# the checkpoints a run writes (best_model, latest and switch_N: PerforatedAI's names)
+CHECKPOINT_STEMS = ("latest", "best", "best_model", "switch_*", "final")
+
+
 class RunWriter:
     """Writes one controller's run files on rank 0; decides when a checkpoint write is due."""
 
@@ -48,8 +52,9 @@ class RunWriter:
         self._write_cost = 0.0
         self._warned_format = False
         # another run's checkpoints here: this run overwrites them (warned at its first report)
-        self._earlier = sorted(p.name for pattern in (f"*{FILE_SUFFIX}", f"*{DCP_SUFFIX}")
-                               for p in self.run_dir.glob(pattern)) if self.writes else []
+        self._earlier = sorted(
+            p.name for stem in CHECKPOINT_STEMS for suffix in (FILE_SUFFIX, DCP_SUFFIX, ".pt")
+            for p in self.run_dir.glob(stem + suffix)) if self.writes else []
         self.report = RunReport(self.run_dir) if self.writes else None
         if self.report is not None:
             self.report.write_run_json({"perfora_version": __version__,
@@ -131,9 +136,10 @@ class RunWriter:
             if parts.state.epoch == 1:  # a new run, not a resumed one
                 warn_user(f"run_dir {self.run_dir} already holds another run's checkpoints "
                           f"({', '.join(self._earlier[:4])}): this run overwrites its latest, "
-                          "best and metrics.csv, and its other files stay beside them. Give "
-                          "each run its own run_dir, or resume that run: "
-                          "controller.load('latest')")
+                          "best and metrics.csv, and its other files stay beside them (a "
+                          "later resume from the newest switch_N may pick up that run's). "
+                          "Give each run its own run_dir (save_name under the PerforatedAI "
+                          "names), or resume that run: controller.load('latest')")
             self._earlier = []
         checkpointer = self.checkpointer(parts.backend)
         collective = checkpointer.collective

@@ -13,7 +13,14 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from perfora import ConfigError, OrderError, PerforaConfig, dendritic_layers
+from perfora import (
+    ConfigError,
+    OrderError,
+    PerforaConfig,
+    PerforationError,
+    dendritic_layers,
+    perforate,
+)
 from perfora.compat import CompatNameError, UnknownSettingError
 from perfora.compat import globals_perforatedai as GPA
 from perfora.compat import utils_perforatedai as UPA
@@ -430,3 +437,57 @@ def test_perforated_backpropagation_selects_the_correlation_rule():
         assert GPA.pc.to_config().rule == "correlation"
     finally:
         GPA.pc.set_perforated_backpropagation(False)
+
+
+def test_selection_and_save_name_set_after_perforate_model_warn_growth_settings_do_not():
+    model = perforated("RUN")
+    with pytest.warns(UserWarning, match=r"set_save_name after UPA.perforate_model changes "
+                                         r"nothing for this run: its run folder was chosen"):
+        GPA.pc.set_save_name("B")
+    with pytest.warns(UserWarning, match="the modules were chosen by perforate_model"):
+        GPA.pc.set_module_ids_to_track([".0"])
+    assert set(dendritic_layers(model)) == {"0", "2"}  # what perforate_model chose stays
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        GPA.pc.set_n_epochs_to_switch(3)  # applies from the next epoch: no warning
+        reset_settings()
+        GPA.pc.set_save_name("C")  # a new run's settings, before its perforate_model
+        perforated("C")
+
+
+class BasicBlock(nn.Module):
+    """A residual block perfora cannot size without an example input."""
+
+    def __init__(self, c: int = 4) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(c, c, 3, padding=1)
+        self.norm = nn.BatchNorm2d(c)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.norm(self.conv(x)) + x)
+
+
+def test_a_block_perfora_cannot_size_names_the_way_under_the_compat_names():
+    def net() -> nn.Module:
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), BasicBlock(),
+                             nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 2))
+
+    GPA.pc.append_module_names_to_perforate(["BasicBlock"])
+    with pytest.raises(PerforationError,
+                       match=r"perforate_model has neither argument .*perfora\.perforate\("
+                             r"model, names=\('<class>',\), neuron_axes="):
+        UPA.perforate_model(net(), save_name="RUN")
+    model = net()
+    perforate(model, names=("BasicBlock",), neuron_axes={"BasicBlock": 1},
+                      example_input=torch.randn(2, 3, 8, 8))
+    model = UPA.perforate_model(model, save_name="RUN")
+    kinds = {p: type(m).__name__ for p, m in dendritic_layers(model).items()}
+    assert kinds == {"0": "ConvDendriticLayer", "1": "GenericDendriticLayer",
+                     "4": "LinearDendriticLayer"}
+
+
+def test_an_unknown_setting_message_reads_as_one_sentence():
+    with pytest.raises(UnknownSettingError,
+                       match=r"did you mean 'max_dendrites'\? Known settings"):
+        GPA.pc.set_max_dendrties(3)

@@ -124,3 +124,15 @@ def test_resumed_pai_loop_equals_the_uninterrupted_one(tmp_path: Path) -> None:
     for name, value in model.state_dict().items():
         assert torch.equal(value, full_state[name]), name
     assert metrics(tmp_path / "PART") == metrics(tmp_path / "FULL")
+
+
+def test_a_new_run_in_a_save_name_holding_another_runs_pt_files_warns(tmp_path: Path) -> None:
+    model = perforated("RUN")
+    pai_loop(model, 0, 9)  # writes switch_1.pt, switch_2.pt, best_model.pt, latest.pt
+    assert (tmp_path / "RUN" / "switch_2.pt").is_file()
+    settings()
+    again = perforated("RUN")
+    with pytest.warns(UserWarning, match=r"already holds another run's checkpoints "
+                                         r"\(best_model\.pt, latest\.pt, switch_1\.pt, "
+                                         r"switch_2\.pt\).*the newest switch_N.*save_name"):
+        pai_loop(again, 0, 1)
