@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import re
 import sys
 import tokenize
 from dataclasses import dataclass
@@ -29,6 +30,9 @@ class Script:
     text: str
     encoding: str
     raw: bytes
+
+
+_CODING = re.compile(rb"^[ \t\f]*#.*?coding[:=]", re.M)  # PEP 263's declaration
 
 
 def read_script(path: Path, max_size: int = MAX_SIZE) -> Script:
@@ -58,8 +62,10 @@ def read_script(path: Path, max_size: int = MAX_SIZE) -> Script:
     try:
         encoding, _ = tokenize.detect_encoding(io.BytesIO(raw).readline)
     except SyntaxError as exc:
-        raise ReadError(f"{exc.msg}: fix the coding declaration on its first two lines (e.g. "
-                        "# -*- coding: utf-8 -*-)") from None
+        if _CODING.search(b"\n".join(raw.split(b"\n", 2)[:2])):
+            raise ReadError(f"{exc.msg}: fix the coding declaration on its first two lines "
+                            "(e.g. # -*- coding: utf-8 -*-)") from None
+        encoding = "utf-8"  # no declaration, just bytes that are not UTF-8: said below
     try:
         text = raw.decode(encoding)
     except UnicodeDecodeError as exc:

@@ -52,6 +52,23 @@ def test_utf8_with_bom_keeps_its_bom(tmp_path, capsys):
     assert "époque" in script.read_text(encoding="utf-8-sig")
 
 
+@pytest.mark.parametrize("first", [b"# caf\xe9 training script\n", b"\n# \xe9\n"],
+                         ids=["line_1", "line_2"])
+def test_a_non_utf8_byte_on_the_first_two_lines_is_named_too(tmp_path, capsys, first):
+    # there Python's encoding detection fails first; its "invalid or missing encoding
+    # declaration" would send the user to fix a declaration the script does not have
+    script = tmp_path / "train.py"
+    script.write_bytes(first + b"import torch\n")
+    assert main(["convert", str(script)]) == 2
+    line = first.split(b"\n").index(next(x for x in first.split(b"\n") if b"\xe9" in x)) + 1
+    err = capsys.readouterr().err
+    assert f"not utf-8 text (byte 0xe9 on line {line})" in err and "declaration" not in err
+    bad = tmp_path / "bogus.py"
+    bad.write_bytes(b"# -*- coding: bogus -*-\nx = 1\n")
+    assert main(["convert", str(bad)]) == 2
+    assert "unknown encoding: bogus: fix the coding declaration" in capsys.readouterr().err
+
+
 def test_latin1_without_a_declaration_says_how_to_fix_it(tmp_path, capsys):
     script = tmp_path / "train.py"
     script.write_bytes(ACCENTED.encode("latin-1"))
