@@ -7,6 +7,7 @@ first caller outside the perfora package, however deep inside perfora the check 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import warnings
@@ -14,8 +15,13 @@ import warnings
 _PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
+_CONTEXTLIB = os.path.abspath(contextlib.__file__)
+
+
 def _inside_perfora(filename: str) -> bool:
-    return os.path.abspath(filename).startswith(_PACKAGE)
+    """perfora's own frames, and contextlib's between them (a perfora context manager)."""
+    path = os.path.abspath(filename)
+    return path.startswith(_PACKAGE) or path == _CONTEXTLIB
 
 
 def warn_user(message: str, category: type[Warning] = UserWarning) -> None:

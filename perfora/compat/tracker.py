@@ -26,6 +26,7 @@ from ..errors import CompatNameError, ConfigError, OrderError
 from ..growth import GrowthController
 from ..growth.restart import COMPLETE_MARKER
 from ..nn.layers import dendritic_layers, unwrap_model
+from .messages import compat_terms
 from .rewrap import refuse_fsdp2, rewrap
 from .settings import PAISettings
 
@@ -186,9 +187,10 @@ class PAITracker:
         self._sync_config()
         test, extras = self._test_score, self._extras
         self._test_score, self._extras = None, {}
-        decision = ctl.step(score, test_score=test, extra=extras, model=net)
-        if force_switch and decision.action == "continue":
-            decision = ctl.add_dendrites()
+        with compat_terms():
+            decision = ctl.step(score, test_score=test, extra=extras, model=net)
+            if force_switch and decision.action == "continue":
+                decision = ctl.add_dendrites()
         changed = decision.restructured or decision.complete
         if decision.complete:
             self._mark_complete()

@@ -6,6 +6,7 @@ a checkpoint equals the uninterrupted one (metrics.csv included).
 from __future__ import annotations
 
 import csv
+from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
@@ -136,3 +137,36 @@ def test_a_new_run_in_a_save_name_holding_another_runs_pt_files_warns(tmp_path: 
                                          r"\(best_model\.pt, latest\.pt, switch_1\.pt, "
                                          r"switch_2\.pt\).*the newest switch_N.*save_name"):
         pai_loop(again, 0, 1)
+
+
+def test_the_controllers_advice_comes_in_the_perforatedai_names() -> None:
+    model = UPA.perforate_model(build(), save_name="RUN", maximizing_score=True)
+    model(torch.randn(4, 4)).sum().backward()  # an epoch trained, with no optimizer set up
+    with pytest.warns(UserWarning) as record:
+        model, _, _ = GPA.pai_tracker.add_validation_score(0.5, model)
+    text = " ".join(str(w.message) for w in record)
+    assert "add_validation_score with no optimizer registered" in text
+    assert "GPA.pai_tracker.setup_optimizer(model, {'lr': ...})" in text
+    assert "controller.set_optimizer" not in text and record[0].filename == __file__
+
+    settings()
+    model = perforated("STALE")
+    optimizer, _ = GPA.pai_tracker.setup_optimizer(model, {"lr": 0.1})
+    for epoch in range(1, 6):  # keeps the first optimizer after the restructure at epoch 4
+        with pytest.warns() if epoch == 5 else nullcontext() as caught:
+            model, _, _ = GPA.pai_tracker.add_validation_score(
+                one_epoch(model, optimizer, epoch), model)
+    stale = " ".join(str(w.message) for w in caught)
+    assert "call GPA.pai_tracker.setup_optimizer(model, optimArgs, schedArgs) again" in stale
+    assert "decision." not in stale
+
+
+def test_the_replaced_wrapper_error_reads_in_the_perforatedai_names() -> None:
+    from perfora.compat.messages import in_compat_terms
+
+    native = ("step() got a DistributedDataParallel wrapper (or DeepSpeed engine) that "
+              "perfora replaced ... use decision.model and decision.optimizer")
+    assert in_compat_terms(native) == (
+        "add_validation_score got a DistributedDataParallel wrapper (or DeepSpeed engine) "
+        "that perfora replaced ... use the model add_validation_score returned and call "
+        "GPA.pai_tracker.setup_optimizer again")
