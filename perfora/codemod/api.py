@@ -13,7 +13,7 @@ from .analysis import find_parts
 from .common import ConvertOptions
 from .compat_edits import compat_edits
 from .finders.tree import Tree
-from .findings import NOTE, CodemodResult, Finding
+from .findings import MANUAL, NOTE, CodemodResult, Finding
 from .native_edits import native_edits
 
 
@@ -69,9 +69,10 @@ def _convert(source: str, mode: str, opts: ConvertOptions) -> CodemodResult:
                         for line in lines]
             return CodemodResult(source, swapped.code, mode, findings)
         if lines:
-            findings = [Finding(lines[0], "this script already uses the PerforatedAI API: "
-                                "`perfora convert --mode compat` switches its imports to "
-                                "perfora.compat", NOTE)]
+            findings = [Finding(lines[0], "this script already uses the PerforatedAI API, "
+                                "imported from the perforatedai package: `perfora convert "
+                                "--mode compat` switches its imports to perfora.compat",
+                                MANUAL)]
             return CodemodResult(source, source, mode, findings, already_converted=True)
         api = "perfora's native API" if script.already == "native" else "the compat names"
         findings = [Finding(1, f"already converted ({api}): nothing to change", NOTE)]

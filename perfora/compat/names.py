@@ -17,10 +17,12 @@ def missing_name_hook(module: str, public: list[str],
             raise AttributeError(f"module {module!r} has no attribute {name!r}")
         hint = hints.get(name)
         close = nearest_name(name, public, cutoff=0.6)
-        text = f"{module}.{name} is a PerforatedAI name that perfora does not provide"
         if hint:
-            text += f": {hint}"
-        elif close:
+            raise CompatNameError(f"{module}.{name} is a PerforatedAI name that perfora does "
+                                  f"not provide: {hint}")
+        text = (f"{module} has no name {name!r}: it is not among the PerforatedAI names "
+                f"perfora provides (listed in {module}.__all__)")
+        if close:
             text += f"; did you mean {module}.{close}?"
         raise CompatNameError(text)
 

@@ -69,6 +69,7 @@ SETTINGS: dict[str, Spec] = {
     "pai_forward_function": Spec(torch.sigmoid, "config"),
     "candidate_weight_initialization_multiplier": Spec(0.01, "config"),
     "perforated_backpropagation": Spec(False, "config"),  # True: rule="correlation"
+    "checkpoint_time_budget": Spec(0.05, "config"),  # perfora's own: how often latest.pt
     # -- which modules get dendrites
     "modules_to_perforate": Spec([], "convert"),
     "module_names_to_perforate": Spec(
@@ -298,6 +299,7 @@ class PAISettings:
             "dendrite_init": "default",
             "grow_fraction": 1.0,
             "growth": "dendrites",
+            "checkpoint_time_budget": v["checkpoint_time_budget"],
         }
         if mode == DOING_NO_SWITCH:
             settings["n_epochs_to_switch"] = NEVER_COMPLETES

@@ -26,6 +26,7 @@ from ..errors import CompatNameError, ConfigError, OrderError
 from ..growth import GrowthController
 from ..growth.restart import COMPLETE_MARKER
 from ..nn.layers import dendritic_layers, unwrap_model
+from ..warn import warn_user
 from .messages import compat_terms
 from .rewrap import refuse_fsdp2, rewrap
 from .settings import PAISettings
@@ -51,6 +52,7 @@ class CompatController(GrowthController):
     """A GrowthController whose checkpoints carry PerforatedAI's file names."""
 
     warns_unrestored_optimizer = False  # the recipe loads before setup_optimizer
+    adopts_saved_direction = True  # load_system restores the tracker, its direction too
 
     def checkpoint_path(self, name: str) -> Path:
         """``best`` -> best_model.pt; ``latest``/``switch_N`` -> <name>.pt in the run folder
@@ -108,6 +110,11 @@ class PAITracker:
     # -------------------------------------------------------------- optimizer
     def set_optimizer(self, optimizer_class: type) -> None:
         """Register the optimizer class (e.g. torch.optim.Adam); arguments come later."""
+        if isinstance(optimizer_class, torch.optim.Optimizer):
+            raise ConfigError("GPA.pai_tracker.set_optimizer takes the optimizer class (e.g. "
+                              "torch.optim.Adam; its arguments go to setup_optimizer), not an "
+                              "optimizer you built: register that one with "
+                              "GPA.pai_tracker.set_optimizer_instance(optimizer)")
         if not (isinstance(optimizer_class, type)
                 and issubclass(optimizer_class, torch.optim.Optimizer)):
             raise ConfigError(f"GPA.pai_tracker.set_optimizer needs an optimizer class such as "
@@ -146,6 +153,11 @@ class PAITracker:
                                   "model.parameters(), or build the optimizer yourself and use "
                                   "GPA.pai_tracker.set_optimizer_instance(optimizer)")
         ctl.set_optimizer(self._optimizer_cls, **kwargs)
+        if sched_args and self._scheduler_cls is None:
+            warn_user("GPA.pai_tracker.setup_optimizer got schedArgs but no scheduler class is "
+                      "registered, so no scheduler is built: call "
+                      "GPA.pai_tracker.set_scheduler(torch.optim.lr_scheduler.StepLR) (yours) "
+                      "before setup_optimizer")
         if self._scheduler_cls is not None:
             ctl.set_scheduler(self._scheduler_cls, **dict(sched_args or {}))
         return ctl.build_optimizer()

@@ -102,6 +102,8 @@ def load_system(model: nn.Module, folder: str | Path, name: str,
                           "(or load before creating it, as the PerforatedAI recipe does)",
                           stacklevel=2)
         ctl.load(path)
+        if ctl.config.maximize != GPA.pc.get("maximizing_score"):  # the saved run's direction
+            GPA.pc.set("maximizing_score", ctl.config.maximize)
         return model
     if load_from_restart:
         raise OrderError(f"load_system({str(folder)!r}, {name!r}, True) restores the tracker, "

@@ -48,6 +48,9 @@ class CheckpointMethods:
     # a load before any optimizer is registered warns that its saved state was not restored
     # (the PerforatedAI recipe loads first by design: its controller sets this False)
     warns_unrestored_optimizer: bool = True
+    # a load with another ``maximize`` than the saved run's is refused; the PerforatedAI
+    # recipe's load_system restores the tracker, direction included: its controller adopts it
+    adopts_saved_direction: bool = False
 
     def _parts(self) -> RunParts:
         raise NotImplementedError
@@ -113,7 +116,7 @@ class CheckpointMethods:
         barrier()  # rank 0 may still be writing the file the other ranks read
         reader = checkpointer_for(path)
         run = reader.read(path)
-        run.check_direction(self.config)
+        self._settle_direction(run)
         self._restore(run, reader)
         if (run.optimizer is not None and getattr(self, "optimizer", None) is None
                 and self.warns_unrestored_optimizer):
@@ -121,6 +124,16 @@ class CheckpointMethods:
                       "optimizer is registered. To continue the run exactly, call "
                       "controller.set_optimizer(...) (and set_scheduler) before load()")
         return self._decision(RESTRUCTURE, f"loaded {path.name}")
+
+    def _settle_direction(self, run: SavedRun) -> None:
+        """Refuse (ConfigError) or, where this controller adopts it, take the saved run's
+        ``maximize`` when it differs from the settings in force."""
+        saved = (run.config or {}).get("maximize")
+        if self.adopts_saved_direction and isinstance(saved, bool):
+            if saved != self.config.maximize:
+                self.config = self.config.replace(maximize=saved)
+            return
+        run.check_direction(self.config)
 
     def find_checkpoint(self, name: str) -> Path:
         """Checkpoint ``name`` in run_dir: the newest of its file and DCP folder, or the path

@@ -592,6 +592,15 @@ def test_script_written_for_perforatedai_only_gets_its_imports_switched():
     assert not convert_source(result.output, "compat").changed
     native = convert_source(theirs, "native")
     assert not native.changed and "--mode compat" in native.findings[0].message
+    assert native.manual  # the script cannot run without perforatedai: --check exits 1
+
+
+def test_check_on_a_perforatedai_script_in_native_mode_exits_1(tmp_path, capsys):
+    script = tmp_path / "train.py"
+    script.write_text((SCRIPTS / "compat" / "pai_single.py").read_text().replace(
+        "from perfora.compat import", "from perforatedai import"))
+    assert main(["convert", "--check", str(script)]) == 1
+    assert "needs changes by hand" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("mode,setting,message", [

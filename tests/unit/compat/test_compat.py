@@ -166,7 +166,7 @@ def test_bad_and_unsupported_values_are_errors_naming_the_setting():
 def test_names_perfora_lacks_raise_clear_attribute_errors():
     with pytest.raises(CompatNameError, match="prepare_final_model.*perfora.save_model"):
         UPA.prepare_final_model(nn.Linear(2, 2))
-    with pytest.raises(AttributeError, match="utils_perforatedai.no_such_call"):
+    with pytest.raises(AttributeError, match="utils_perforatedai has no name .no_such_call."):
         UPA.no_such_call  # noqa: B018
     with pytest.raises(CompatNameError, match="did you mean .*load_system"):
         UPA.load_sytem  # noqa: B018
@@ -491,3 +491,25 @@ def test_an_unknown_setting_message_reads_as_one_sentence():
     with pytest.raises(UnknownSettingError,
                        match=r"did you mean 'max_dendrites'\? Known settings"):
         GPA.pc.set_max_dendrties(3)
+
+
+def test_natural_slips_with_the_tracker_are_named():
+    model = perforated("RUN")
+    with pytest.raises(ConfigError, match="not an optimizer you built: register that one with "
+                                          r"GPA.pai_tracker.set_optimizer_instance"):
+        GPA.pai_tracker.set_optimizer(torch.optim.Adam(model.parameters()))
+    GPA.pai_tracker.set_optimizer(torch.optim.Adam)
+    with pytest.warns(UserWarning, match="got schedArgs but no scheduler class is registered"):
+        _, scheduler = GPA.pai_tracker.setup_optimizer(model, {"lr": 1e-3}, {"step_size": 2})
+    assert scheduler is None
+    with pytest.raises(CompatNameError, match=r"has no name 'foo_bar': it is not among the "
+                                              r"PerforatedAI names perfora provides"):
+        GPA.foo_bar  # noqa: B018
+
+
+def test_checkpoint_time_budget_is_a_gpa_pc_setting_too():
+    GPA.pc.set_checkpoint_time_budget(None)
+    assert GPA.pc.to_config().checkpoint_time_budget is None
+    with pytest.raises(ConfigError, match="checkpoint_time_budget must be a fraction"):
+        GPA.pc.set_checkpoint_time_budget(-1)
+    assert GPA.pc.get_checkpoint_time_budget() is None  # a refused value leaves the old one
