@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any, ClassVar
 
 import torch
@@ -44,6 +45,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import PerforationError
+from .block_mix import mix_by_blocks, mix_from_pre, widened_blocks
 from .candidate import CANDIDATE_NAMES, CandidateApart, merged_state_hook
 from .kernels import functorch_active
 from .param_groups import PARAM_GROUPS, ParameterGroups
@@ -386,25 +388,14 @@ class DendriticLayer(ParameterGroups, CandidateApart, nn.Module):
              shape: list[int]) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """y + sum_k v[k] * d_k over the banked dendrites in autograd ops, and the d_k
         themselves (a candidate apart reads them)."""
-        act = _ACTIVATIONS[self.activation]
         pre = self._bank_outputs(x)
-        k = len(pre)
-        v_rows = self.out_weight[:k] if self.has_candidate else self.out_weight
-        if k == 1:  # no cascade: y + v * act(D(x)) in two kernels
-            d = act(pre[0])
-            return torch.addcmul(y, v_rows.view(shape), d), [d]
-        v = v_rows.view(k, *shape).unbind(0)
-        w = self.cascade.view(-1, *shape).unbind(0)
-        dendrites: list[torch.Tensor] = []
-        out, row = y, 0
-        for i, a in enumerate(pre):
-            for j in range(i):
-                a = torch.addcmul(a, w[row], dendrites[j])
-                row += 1
-            d = act(a)
-            dendrites.append(d)
-            out = torch.addcmul(out, v[i], d)
-        return out, dendrites
+        v_rows = self.out_weight[:len(pre)] if self.has_candidate else self.out_weight
+        mix = partial(mix_from_pre, _ACTIVATIONS[self.activation])
+        blocks = widened_blocks(self.source)
+        if blocks is not None:  # elementwise work per block too: see mix_by_blocks
+            return mix_by_blocks(mix, pre, y, v_rows, self.cascade,
+                                 self.neuron_axis % y.ndim, blocks, shape)
+        return mix(pre, y, v_rows, self.cascade, shape)
 
     def _candidate_output(self, x: torch.Tensor, dendrites: list[torch.Tensor],
                           shape: list[int]) -> torch.Tensor:
