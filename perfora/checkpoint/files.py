@@ -37,15 +37,49 @@ def durable_writes() -> bool:
                                                                           "off")
 
 
+def _process_umask() -> int:
+    """This process's umask, read without changing it where Linux says it (its ``status``
+    file), else by setting and restoring it."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _target_mode(path: Path) -> int | None:
+    """The permission bits an atomic write gives ``path``: those of the regular file it
+    replaces, else what a plain ``open`` would create (0666 less the umask); None where
+    ``chmod`` does not apply (Windows)."""
+    if not hasattr(os, "fchmod"):
+        return None
+    try:
+        current = os.lstat(path)
+        if stat.S_ISREG(current.st_mode):
+            return stat.S_IMODE(current.st_mode)
+    except OSError:
+        pass
+    return 0o666 & ~_process_umask()
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     """Write to a temp file in the same folder, fsync it, rename it over the target, fsync
     the folder (see :func:`durable_writes`). A symlink at ``path`` is replaced, never
-    followed."""
+    followed. The file gets the replaced file's permissions, or a new file's under the
+    umask (0644 under the usual 022), as a plain ``open`` would."""
     path = Path(path)
     durable = durable_writes()
     path.parent.mkdir(parents=True, exist_ok=True)
+    mode = _target_mode(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        if mode is not None:
+            os.fchmod(fd, mode)  # mkstemp's 0600 would make run files private to their owner
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             if durable:
