@@ -9,6 +9,7 @@ for the learning rate and saved, never rebuilt here).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -17,6 +18,7 @@ from torch import nn
 from ..errors import ConfigError, OrderError
 from ..nn.layers import unwrap_model
 from ..parallel.base import ParallelBackend
+from ..warn import warn_user
 from .optim import OptimizerRecipe, SchedulerRecipe, check_plateau_mode, current_lr, step_scheduler
 from .optimizer_carry import (
     capture,
@@ -46,6 +48,9 @@ class OptimizerSlot:
         ``carry_optimizer_state``, until the next score."""
         self.whole_carry = False
         """True when ``pending_carry`` holds whole tensors to load through the backend."""
+        self.saved_state: Callable[[], None] | None = None
+        """A checkpoint's optimizer and scheduler state, loaded while no optimizer was
+        registered: restored into the first one ``build_optimizer`` builds."""
 
     def set_recipe(self, cls: type[torch.optim.Optimizer], kwargs: dict[str, Any]) -> None:
         """Register the optimizer class and arguments; rebuilt after every restructure."""
@@ -77,6 +82,8 @@ class OptimizerSlot:
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise OrderError(f"set_optimizer_instance needs a torch.optim.Optimizer, got "
                              f"{type(optimizer).__name__}")
+        self.drop_saved_state("an optimizer registered with set_optimizer_instance is the "
+                              "user's to restore")
         self.optimizer, self.scheduler = optimizer, scheduler
         self.user_owned = True
         self.awaiting_instance = False
@@ -85,6 +92,14 @@ class OptimizerSlot:
     def hand_over(self, optimizer: torch.optim.Optimizer | None) -> None:
         """A framework's current optimizer: read for the learning rate and saved, not rebuilt."""
         self.optimizer = optimizer
+
+    def drop_saved_state(self, why: str) -> None:
+        """Forget a loaded checkpoint's optimizer state not yet restored, with a warning."""
+        if self.saved_state is not None:
+            self.saved_state = None
+            warn_user(f"the optimizer state of the checkpoint loaded last was not restored: "
+                      f"{why}. To continue the run exactly, call controller.set_optimizer(...) "
+                      "and build_optimizer() before anything else after the load")
 
     @property
     def rebuildable(self) -> bool:
@@ -98,6 +113,8 @@ class OptimizerSlot:
 
     def after_restructure(self, model: nn.Module, maximize: bool) -> None:
         """Rebuild from the recipe; drop a user's optimizer (it holds replaced parameters)."""
+        self.drop_saved_state("the model was restructured after the load, so it no longer "
+                              "fits")
         if self.recipe is not None:
             self.build(model, maximize)
         elif self.user_owned:
@@ -187,10 +204,16 @@ class OptimizerMethods:
 
     def build_optimizer(self) -> tuple[torch.optim.Optimizer, Any]:
         """(Re)build optimizer and scheduler over the currently trainable parameters (under
-        DeepSpeed: the engine's optimizer, and None: the engine steps its scheduler)."""
+        DeepSpeed: the engine's optimizer, and None: the engine steps its scheduler). The
+        first build after a ``load`` that found no optimizer registered restores the
+        checkpoint's optimizer and scheduler state into it."""
         if self.backend.owns_optimizer:
             return self._slot.optimizer, None  # type: ignore[return-value]
-        return self._slot.build(self.model, self.config.maximize)
+        built = self._slot.build(self.model, self.config.maximize)
+        restore, self._slot.saved_state = self._slot.saved_state, None
+        if restore is not None:  # a load came first: its saved state goes into this one
+            restore()
+        return built
 
     def _refuse_under_engine(self, what: str) -> None:
         """DeepSpeed builds the optimizer and scheduler from wrap_deepspeed's recipe."""

@@ -10,6 +10,7 @@ below), this module nothing of its own.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any, Self
 
@@ -19,6 +20,7 @@ from torch import nn
 from ..checkpoint.call_args import model_and_path
 from ..checkpoint.dcp import DCP_SUFFIX, newest_checkpoint
 from ..checkpoint.format import Checkpoint
+from ..checkpoint.schema import with_keys_of
 from ..config import PerforaConfig
 from ..distributed.collectives import barrier
 from ..parallel import ParallelBackend, backend_of
@@ -27,6 +29,7 @@ from ..warn import warn_user
 from .checkpointer import checkpointer_for
 from .file_checkpointer import FILE_SUFFIX, FileCheckpointer
 from .optim import OptimizerRecipe, SchedulerRecipe
+from .optimizer_slot import OptimizerSlot
 from .rehearsal import framework_state
 from .saved_run import Checkpointer, RunParts, SavedRun, run_state, saved_run
 from .state import RESTRUCTURE, ControllerState, Decision
@@ -45,6 +48,8 @@ class CheckpointMethods:
     rule: LearningRule
     run_dir: Path | None
     checkpoint_path: Callable[[str], Path]
+    _slot: OptimizerSlot
+    scheduler: Any
     # a load before any optimizer is registered warns that its saved state was not restored
     # (the PerforatedAI recipe loads first by design: its controller sets this False)
     warns_unrestored_optimizer: bool = True
@@ -102,8 +107,10 @@ class CheckpointMethods:
         A bare name (``"latest"``, ``"best"``, ``"switch_3"``) is looked up in ``run_dir``
         (a ``.safetensors`` file or a ``.dcp`` folder; the newer when both are there). A
         DCP folder is read on any number of ranks (call it on every rank), or in one process.
-        Register the optimizer (and scheduler) before loading so their state is restored
-        (a load without one warns). The controller keeps its own settings (perfora.resume
+        The optimizer (and scheduler) state is restored into the ones registered with
+        ``set_optimizer`` before the load, or, where none was, into the first that
+        ``build_optimizer()`` builds after it (a DCP folder's only into one registered
+        before). The controller keeps its own settings (perfora.resume
         takes the checkpoint's); a ``maximize`` other than the saved one raises ConfigError.
         The file is checked and the load rehearsed on a weightless copy of the model first:
         a file that is corrupt or does not fit raises CheckpointError (ShapeMismatchError)
@@ -118,12 +125,38 @@ class CheckpointMethods:
         run = reader.read(path)
         self._settle_direction(run)
         self._restore(run, reader)
-        if (run.optimizer is not None and getattr(self, "optimizer", None) is None
-                and self.warns_unrestored_optimizer):
-            warn_user(f"{path.name} holds optimizer state that was not restored: no "
-                      "optimizer is registered. To continue the run exactly, call "
-                      "controller.set_optimizer(...) (and set_scheduler) before load()")
+        if run.optimizer is not None and self.warns_unrestored_optimizer:
+            self._keep_unrestored_optimizer(run, reader, path.name)
         return self._decision(RESTRUCTURE, f"loaded {path.name}")
+
+    def _keep_unrestored_optimizer(self, run: SavedRun, reader: Checkpointer,
+                                   name: str) -> None:
+        """A load that found no optimizer perfora builds: a file's optimizer state waits for
+        the first ``build_optimizer``; otherwise the user is told it was not restored."""
+        slot = self._slot
+        if slot.user_owned:
+            warn_user(f"{name} holds optimizer state that perfora did not restore into the "
+                      "optimizer registered with set_optimizer_instance. To continue the run "
+                      "exactly, register its class with controller.set_optimizer(...) "
+                      "before load() (perfora then builds it and restores its state)")
+        elif slot.optimizer is None and reader.format == "file":
+            slot.saved_state = partial(self._restore_saved_optimizer, reader, run)
+        elif slot.optimizer is None:
+            warn_user(f"{name} holds optimizer state that was not restored: no optimizer is "
+                      "registered, and a DCP folder's is read with the model. To continue the "
+                      "run exactly, call controller.set_optimizer(...) (and set_scheduler) "
+                      "before load()")
+
+    def _restore_saved_optimizer(self, reader: Checkpointer, run: SavedRun) -> None:
+        """The checkpoint's optimizer and scheduler state into the ones just built, checked
+        first on a weightless copy as a load into registered ones is (CheckpointError where
+        they do not fit: the ones built stay fresh)."""
+        parts = self._parts()
+        reader.check(parts, run, rehearsed=False)
+        reader.load_rest(parts, run)
+        if self.scheduler is not None and run.scheduler is not None:
+            self.scheduler.load_state_dict(with_keys_of(run.scheduler,
+                                                        self.scheduler.state_dict()))
 
     def _settle_direction(self, run: SavedRun) -> None:
         """Refuse (ConfigError) or, where this controller adopts it, take the saved run's

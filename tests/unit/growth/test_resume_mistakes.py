@@ -49,17 +49,64 @@ def test_a_flipped_maximize_is_refused_on_resume_and_on_load(tmp_path: Path) -> 
     assert same.epoch == 8
 
 
-def test_a_load_without_an_optimizer_says_its_state_was_not_restored(tmp_path: Path) -> None:
-    _run(tmp_path)
+def _registered(tmp_path: Path, before_load: bool) -> perfora.GrowthController:
     ctl = perfora.GrowthController(perfora.perforate(_build()), run_dir=tmp_path)
-    with pytest.warns(UserWarning, match="optimizer state that was not restored"):
-        ctl.load("latest")
-    registered = perfora.GrowthController(perfora.perforate(_build()), run_dir=tmp_path)
-    registered.set_optimizer(torch.optim.Adam, lr=1e-2)
+    if before_load:
+        ctl.set_optimizer(torch.optim.Adam, lr=1e-3)
+        ctl.set_scheduler(torch.optim.lr_scheduler.StepLR, step_size=3)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        registered.load("latest")
-    assert registered.epoch == 8 and isinstance(registered.optimizer, torch.optim.Adam)
+        ctl.load("latest")
+        if not before_load:
+            ctl.set_optimizer(torch.optim.Adam, lr=1e-3)
+            ctl.set_scheduler(torch.optim.lr_scheduler.StepLR, step_size=3)
+            ctl.build_optimizer()
+    return ctl
+
+
+def _trained_run(tmp_path: Path) -> None:
+    """A run whose optimizer has moments and whose scheduler has stepped, saved as latest."""
+    ctl = _run(tmp_path)
+    ctl.set_scheduler(torch.optim.lr_scheduler.StepLR, step_size=3)
+    model, optimizer, scheduler = ctl.model, *ctl.build_optimizer()
+    for _ in range(2):
+        optimizer.zero_grad()
+        model(torch.randn(16, 4)).square().mean().backward()
+        optimizer.step()
+        scheduler.step()
+    ctl.save("latest")
+
+
+def test_an_optimizer_registered_after_the_load_gets_the_saved_state(tmp_path: Path) -> None:
+    _trained_run(tmp_path)
+    before, after = _registered(tmp_path, True), _registered(tmp_path, False)
+    saved, restored = before.optimizer.state_dict(), after.optimizer.state_dict()
+    assert restored["param_groups"] == saved["param_groups"]
+    assert restored["param_groups"][0]["lr"] == 1e-2  # the run's, not the 1e-3 given now
+    assert len(restored["state"]) == len(saved["state"]) > 0
+    for index, moments in saved["state"].items():
+        for key, value in moments.items():
+            assert torch.equal(restored["state"][index][key], value), (index, key)
+    assert after.scheduler.state_dict() == before.scheduler.state_dict()
+    rebuilt = after.build_optimizer()[0]  # only the first build after the load restores
+    assert rebuilt.state_dict()["state"] == {}
+
+
+def test_a_saved_optimizer_state_that_cannot_be_restored_is_said(tmp_path: Path) -> None:
+    _trained_run(tmp_path)
+    ctl = perfora.GrowthController(perfora.perforate(_build()), run_dir=tmp_path)
+    ctl.load("latest")
+    with pytest.warns(UserWarning, match="set_optimizer_instance is the user's to restore"):
+        ctl.set_optimizer_instance(torch.optim.Adam(ctl.model.parameters()))
+    owned = perfora.GrowthController(perfora.perforate(_build()), run_dir=tmp_path)
+    owned.set_optimizer_instance(torch.optim.Adam(owned.model.parameters()))
+    with pytest.warns(UserWarning, match="did not restore into the optimizer registered"):
+        owned.load("latest")
+    sgd = perfora.GrowthController(perfora.perforate(_build()), run_dir=tmp_path)
+    sgd.load("latest")
+    sgd.set_optimizer(torch.optim.SGD, lr=0.1, momentum=0.9)
+    with pytest.raises(perfora.CheckpointError, match="does not fit the optimizer"):
+        sgd.build_optimizer()
 
 
 def test_a_model_of_another_width_raises_shape_mismatch(tmp_path: Path) -> None:
