@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -44,8 +45,8 @@ class PerforaConfig:
     fixed_switch_num: int = 10
     """Epochs per cycle in 'fixed' mode."""
     max_dendrites: int = 5
-    """Cap on dendrite sets per layer; 0 means no growth at all with 'dendrites' and 'auto'
-    (the early-stopping baseline)."""
+    """Cap on dendrite sets per layer; 0 means no dendrites: with 'dendrites' no growth at
+    all (the early-stopping baseline), with 'auto' neuron steps only."""
     max_dendrite_tries: int = 2
     """Attempts (fresh random weights) for a dendrite set that fails to beat the best score;
     2 means one retry."""
@@ -188,6 +189,16 @@ class PerforaConfig:
 
     def __post_init__(self) -> None:
         self.validate()
+        object.__setattr__(self, "_ready", True)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """After construction, a setting assigned is checked as at construction (see
+        :func:`_assign_checked`)."""
+        if (name.startswith("_") or not getattr(self, "_ready", False)
+                or getattr(self, "_validating", False)):  # validate() stores what it normalises
+            object.__setattr__(self, name, value)
+        else:
+            _assign_checked(self, name, value)
 
     # ----------------------------------------------------------------- validation
     def validate(self) -> None:
@@ -293,6 +304,11 @@ class PerforaConfig:
         _check_choice(self, "checkpoint_format", CHECKPOINT_FORMATS)
         if not isinstance(self.extra, dict):
             raise ConfigError(f"extra must be a dict, got {type(self.extra).__name__}")
+        try:  # it is saved in run.json and every checkpoint
+            json.dumps(self.extra)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"extra must hold JSON values (numbers, strings, lists, dicts), "
+                              f"as run files and checkpoints save it: {exc}") from exc
 
     def uses_error_signal(self) -> bool:
         """True when growth steps are planned from recorded error signals."""
@@ -346,6 +362,24 @@ class PerforaConfig:
         changed = dataclasses.replace(self, **changes)
         changed._explicit = self.explicit_settings | set(changes)
         return changed
+
+
+def _assign_checked(config: PerforaConfig, name: str, value: Any) -> None:
+    """Set one setting of a built config and validate it all; on a ConfigError the old
+    values stay. An unknown name is refused: ``cfg.max_dendrite = 1`` would otherwise add an
+    attribute nothing reads."""
+    check_setting_names([name])
+    before = dict(config.__dict__)
+    object.__setattr__(config, name, value)
+    object.__setattr__(config, "_validating", True)
+    try:
+        config.validate()
+    except ConfigError:
+        config.__dict__.update(before)
+        raise
+    finally:
+        object.__setattr__(config, "_validating", False)
+    object.__setattr__(config, "_explicit", config.explicit_settings | {name})
 
 
 def setting_names() -> list[str]:

@@ -98,6 +98,9 @@ def parse_settings(items: list[str] | None) -> dict[str, str]:
         if not sep or not name.strip():
             raise PerforaError(f"--set {item!r}: use --set NAME=VALUE, e.g. --set "
                                "max_dendrites=3")
+        if name.strip() == "maximize":
+            raise PerforaError(f"--set {item!r}: the direction has its own options, --maximize "
+                               "(a higher score is better) and --minimize (a loss)")
         settings[name.strip()] = value
     return settings
 

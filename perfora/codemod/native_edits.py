@@ -24,8 +24,8 @@ def native_edits(script: Script, opts: ConvertOptions, line_of: LineOf) -> Edits
     x = s.model_var
     ctl, dec = s.unique("controller"), s.unique("decision")
     maximize = maximize_of(s, opts)
-    config = ", ".join([f"maximize={maximize}",
-                        *(f"{k}={v}" for k, v in opts.settings.items())])
+    given = {"maximize": str(maximize), **opts.settings}  # a maximize given there wins
+    config = ", ".join(f"{k}={v}" for k, v in given.items())
     run_dir = opts.run_dir or f"perfora_runs/{opts.name}"
     block = [
         f"{x} = perfora.perforate({x})  # perfora: layers that can grow dendrites",

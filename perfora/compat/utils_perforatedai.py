@@ -45,6 +45,11 @@ def perforate_model(model: nn.Module, doing_pai: bool = True, save_name: str = "
     try:
         perforate(model, **perforate_kwargs(model, GPA.pc))
     except PerforationError as exc:
+        if "running statistics" in str(exc):
+            raise PerforationError(
+                f"{exc}. Under the PerforatedAI names: take the class out of "
+                "GPA.module_names_to_convert (GPA.pc.set_module_names_to_perforate); the "
+                "Conv and Linear layers inside it are wrapped by default") from exc
         if "neuron_axes" not in str(exc) and "num_neurons" not in str(exc):
             raise
         raise PerforationError(

@@ -84,5 +84,6 @@ class GenericDendriticLayer(DendriticLayer):
         def call(p: dict[str, torch.Tensor], inp: torch.Tensor) -> torch.Tensor:
             return torch.func.functional_call(self.source, p, (inp,))
 
-        stacked = torch.func.vmap(call, in_dims=(0, None))(params, x)
+        # "different": a Dropout inside draws its own mask per dendrite, as K calls would
+        stacked = torch.func.vmap(call, in_dims=(0, None), randomness="different")(params, x)
         return list(stacked.unbind(0))

@@ -19,7 +19,8 @@ from ..errors import (
 )
 from .attention import is_attention_projection, route_wrapped_layers
 from .layers import DendriticLayer, bank_kind, dendritic_layers, unwrap_model
-from .selectors import module_types, string_list
+from .refusals import RECURRENT, recurrent_error, refuse_unsupported
+from .selectors import check_consistent, module_types, string_list
 from .tied import rename_tied_keys, tie_reason, tied_modules
 from .widening import add_width_hook, replay_widenings
 
@@ -147,6 +148,9 @@ def perforate(
     _select(inner, "", types, names, set(paths), predicate, exclude, exclude_types, selected,
             skipped, ties)
     selected = _first_path_per_module(selected, modules)
+    check_consistent(paths, exclude, selected, pair_map,
+                     {"neuron_axes": neuron_axes, "num_neurons": num_neurons}, modules,
+                     NORM_TYPES)
     existing = dendritic_layers(inner)
     if not selected and not existing:
         if len(modules) == 1 and isinstance(inner, DEFAULT_TYPES):
@@ -154,10 +158,10 @@ def perforate(
                 f"the model is a single {type(inner).__name__} with no layers inside: perforate "
                 "wraps the layers of a model and returns the model, so put the layer in a "
                 f"container first, e.g. perfora.perforate(nn.Sequential(layer))")
-        recurrent = [(p, m) for p, m in modules.items() if isinstance(m, _RECURRENT)]
+        recurrent = [(p, m) for p, m in modules.items() if isinstance(m, RECURRENT)]
         if recurrent and types == DEFAULT_TYPES:  # why the default found nothing
             path, module = recurrent[0]
-            raise _recurrent_error(path, module, "; this model has no Linear or Conv layer")
+            raise recurrent_error(path, module, "; this model has no Linear or Conv layer")
         raise PerforationError(
             "nothing to perforate: no module matched the selection (types="
             f"{[t.__name__ for t in types]}, names={sorted(names)}, paths={paths}). "
@@ -218,57 +222,12 @@ def _select(module: nn.Module, prefix: str, types: tuple, names: set, paths: set
             skipped.append((path, tie_reason(path, ties[id(child)])))
             continue
         if hit:
-            _refuse_unsupported(path, child)
+            refuse_unsupported(path, child)
             if path not in out:
                 out.append(path)
         else:
             _select(child, path, types, names, paths, predicate, exclude, exclude_types, out,
                     skipped, ties)
-
-
-def _refuse_unsupported(path: str, module: nn.Module) -> None:
-    """Refuse, at selection time, modules whose dendrites could never run."""
-    if not any(True for _ in module.parameters()):
-        raise PerforationError(f"cannot perforate {path!r} ({type(module).__name__}): "
-                               "it has no parameters to copy into dendrites")
-    _refuse_unfit_parameters(path, module)
-    if isinstance(module, _RECURRENT):
-        raise _recurrent_error(path, module)
-    if isinstance(module, nn.MultiheadAttention):
-        raise PerforationError(
-            f"cannot perforate {path!r} ({type(module).__name__}) as one layer: it returns "
-            "(output, weights). Grow its output projection instead: "
-            f"paths=[{path + '.out_proj'!r}]")
-
-
-_RECURRENT = (nn.RNNBase, nn.RNNCellBase)
-
-
-def _recurrent_error(path: str, module: nn.Module, tail: str = "") -> PerforationError:
-    """Why a recurrent layer (``path``; "" for the model itself) cannot be perforated."""
-    where = repr(path) if path else "the model"
-    return PerforationError(
-        f"cannot perforate {where} ({type(module).__name__}): recurrent layers take and "
-        "return a hidden state besides their output, which dendrites do not support. "
-        "Perforate the Linear layers that read its output instead (the default types "
-        f"select them and leave recurrent layers alone){tail}")
-
-
-def _refuse_unfit_parameters(path: str, module: nn.Module) -> None:
-    """Refuse parameters growth cannot copy: uninitialised (lazy) or not floating point."""
-    for name, p in module.named_parameters():
-        if isinstance(p, nn.parameter.UninitializedParameter):
-            raise PerforationError(
-                f"cannot perforate {path!r} ({type(module).__name__}): its parameter "
-                f"{name!r} is not initialised yet (a lazy module), so its shape is unknown. "
-                "Run one forward pass of the model first, then perforate it; or leave the "
-                f"layer out: perforate(model, exclude=[{path!r}])")
-        if not p.is_floating_point():
-            raise PerforationError(
-                f"cannot perforate {path!r} ({type(module).__name__}): its parameter "
-                f"{name!r} is {p.dtype}, and dendrites are trained floating-point copies. "
-                f"Leave the layer out: perforate(model, exclude=[{path!r}]), or dequantize "
-                "it to a float dtype first")
 
 
 def _first_path_per_module(paths: list[str], modules: Mapping[str, nn.Module]) -> list[str]:

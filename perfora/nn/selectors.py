@@ -41,3 +41,35 @@ def _items(value: Any, name: str, takes: str) -> list[Any]:
         return list(value)
     except TypeError:
         raise PerforationError(f"{name}= takes {takes}, got {value!r}") from None
+
+
+def check_consistent(paths: list[str], exclude: list[str], selected: list[str],
+                     pair_map: dict[str, str], keyed: dict[str, dict[str, int]],
+                     modules: dict[str, nn.Module], norm_types: tuple[type, ...]) -> None:
+    """Selectors that contradict each other or name nothing are refused before the model
+    changes, where they used to be dropped without a word: a ``paths=`` entry that
+    ``exclude`` also names, a ``groups`` pair whose layer is not selected or whose second
+    module is no norm, a ``neuron_axes``/``num_neurons`` key naming no module or class."""
+    for path in paths:
+        covering = [e for e in exclude if path == e or path.startswith(e + ".")]
+        if covering:
+            raise PerforationError(f"paths=[{path!r}] is also excluded by exclude="
+                                   f"[{covering[0]!r}] (exclude wins): drop it from one of them")
+    chosen = set(selected)
+    for layer, norm in pair_map.items():
+        if layer not in chosen:
+            hint = (" (a pair is (layer, norm): the layer first)"
+                    if isinstance(modules[layer], norm_types) else
+                    "; select it too, e.g. paths=[" + repr(layer) + "]")
+            raise PerforationError(f"groups=[({layer!r}, {norm!r})]: {layer!r} is not a "
+                                   f"selected layer{hint}")
+        if not isinstance(modules[norm], norm_types):
+            raise PerforationError(f"groups=[({layer!r}, {norm!r})]: {norm!r} is a "
+                                   f"{type(modules[norm]).__name__}, not a norm layer "
+                                   f"({', '.join(t.__name__ for t in norm_types)})")
+    classes = {type(m).__name__ for m in modules.values()}
+    for setting, mapping in keyed.items():
+        for key in mapping:
+            if key not in modules and key not in classes:
+                raise PerforationError(f"{setting}= names {key!r}, which is neither a module "
+                                       "path nor a class name in this model")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import json
+import pickle
 import re
 
 import pytest
@@ -153,3 +155,42 @@ def test_names_from_other_libraries_say_what_to_do_here(name, hint):
     # 'mode' used to suggest switch_mode (unrelated), 'lr' listed 35 setting names
     with pytest.raises(ConfigError, match=re.escape(hint)):
         PerforaConfig(**{name: 1})
+
+
+@pytest.mark.parametrize("name, value, match", [
+    ("max_dendrites", -5, "max_dendrites must be >= 0"),
+    ("maximize", "False", "a string: write True or False without quotes"),
+    ("growth", "neuron", "growth"),
+])
+def test_a_setting_assigned_after_construction_is_checked_and_kept_on_failure(name, value,
+                                                                              match):
+    config = PerforaConfig(max_dendrites=3)
+    before = config.to_dict()
+    with pytest.raises(ConfigError, match=match):
+        setattr(config, name, value)
+    assert config.to_dict() == before  # the old value stays
+
+
+def test_a_misspelt_setting_assigned_is_refused_not_added():
+    config = PerforaConfig()
+    with pytest.raises(ConfigError, match="did you mean 'max_dendrites'"):
+        config.max_dendrite = 1
+    assert not hasattr(config, "max_dendrite")
+
+
+def test_a_valid_assignment_counts_as_given_and_survives_copies():
+    config = PerforaConfig()
+    config.max_dendrites = 2
+    config.improvement_threshold = [0.1, 0.2]  # normalised as at construction
+    assert config.max_dendrites == 2 and config.improvement_threshold == (0.1, 0.2)
+    assert "max_dendrites" in config.explicit_settings
+    for copied in (copy.deepcopy(config), pickle.loads(pickle.dumps(config))):
+        assert copied == config
+        with pytest.raises(ConfigError):
+            copied.max_dendrites = -1
+
+
+def test_extra_must_be_json():
+    with pytest.raises(ConfigError, match="extra must hold JSON values"):
+        PerforaConfig(extra={"f": object()})
+    assert PerforaConfig(extra={"a": [1, {"b": None}]}).extra == {"a": [1, {"b": None}]}

@@ -178,3 +178,27 @@ def test_the_demo_table_says_how_the_grown_arm_grew():
     result = {"wider_hidden": 12, "arms": [arm("baseline"), arm("grown", grew), arm("wider"),
                                            arm("wider-eq")]}
     assert format_table(result).splitlines()[-1] == f"how grown grew: {grew}"
+
+
+def test_set_maximize_points_to_its_own_options_and_never_writes_it_twice(tmp_path, capsys):
+    pytest.importorskip("libcst")
+    from perfora.codemod import convert_source
+
+    script = tmp_path / "train.py"
+    script.write_text("import torch\nmodel = torch.nn.Linear(2, 2)\n")
+    assert main(["convert", "--set", "maximize=True", str(script)]) == 2
+    assert "--maximize (a higher score is better) and --minimize" in capsys.readouterr().err
+    source = (
+        "import torch\n"
+        "model = torch.nn.Linear(2, 2)\n"
+        "optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)\n"
+        "for epoch in range(3):\n"
+        "    for x in [torch.randn(4, 2)]:\n"
+        "        optimizer.zero_grad()\n"
+        "        model(x).sum().backward()\n"
+        "        optimizer.step()\n"
+        "    val_loss = 1.0\n"
+    )
+    result = convert_source(source, "native", settings={"maximize": "False"}, name="train")
+    assert result.output.count("maximize=") == 1 and "maximize=False" in result.output
+    compile(result.output, "train.py", "exec")  # used to be a repeated keyword: a SyntaxError

@@ -467,24 +467,43 @@ class BasicBlock(nn.Module):
         return torch.relu(self.norm(self.conv(x)) + x)
 
 
-def test_a_block_perfora_cannot_size_names_the_way_under_the_compat_names():
-    def net() -> nn.Module:
-        torch.manual_seed(0)
-        return nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), BasicBlock(),
-                             nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 2))
+class ResidualBlock(nn.Module):
+    """A residual block without a norm: perfora cannot size it by itself."""
 
-    GPA.pc.append_module_names_to_perforate(["BasicBlock"])
+    def __init__(self, c: int = 4) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(c, c, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.conv(x) + x)
+
+
+def _net(block: nn.Module) -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), block, nn.AdaptiveAvgPool2d(1),
+                         nn.Flatten(), nn.Linear(4, 2))
+
+
+def test_a_block_perfora_cannot_size_names_the_way_under_the_compat_names():
+    GPA.pc.append_module_names_to_perforate(["ResidualBlock"])
     with pytest.raises(PerforationError,
                        match=r"perforate_model has neither argument .*perfora\.perforate\("
                              r"model, names=\('<class>',\), neuron_axes="):
-        UPA.perforate_model(net(), save_name="RUN")
-    model = net()
-    perforate(model, names=("BasicBlock",), neuron_axes={"BasicBlock": 1},
-                      example_input=torch.randn(2, 3, 8, 8))
+        UPA.perforate_model(_net(ResidualBlock()), save_name="RUN")
+    model = _net(ResidualBlock())
+    perforate(model, names=("ResidualBlock",), neuron_axes={"ResidualBlock": 1},
+              example_input=torch.randn(2, 3, 8, 8))
     model = UPA.perforate_model(model, save_name="RUN")
     kinds = {p: type(m).__name__ for p, m in dendritic_layers(model).items()}
     assert kinds == {"0": "ConvDendriticLayer", "1": "GenericDendriticLayer",
                      "4": "LinearDendriticLayer"}
+
+
+def test_a_block_holding_a_batch_norm_is_refused_with_the_compat_way_in():
+    GPA.pc.append_module_names_to_perforate(["BasicBlock"])
+    with pytest.raises(PerforationError, match=r"running statistics.*take the class out of "
+                                               r"GPA.module_names_to_convert"):
+        UPA.perforate_model(_net(BasicBlock()), save_name="RUN")
 
 
 def test_an_unknown_setting_message_reads_as_one_sentence():

@@ -112,3 +112,73 @@ def test_a_selector_of_the_wrong_kind_is_a_perforation_error(selection, match):
     with pytest.raises(perfora.PerforationError, match=match):
         perfora.perforate(model, **selection)
     assert not perfora.dendritic_layers(model)
+
+
+def test_a_block_holding_a_batch_norm_is_refused_with_the_way_in():
+    model = nn.Sequential(nn.Linear(8, 16), nn.Sequential(nn.Linear(16, 16), nn.BatchNorm1d(16)),
+                          nn.Linear(16, 2))
+    with pytest.raises(perfora.PerforationError,
+                       match=r"'1'.*BatchNorm1d '1.1'.*running statistics.*groups=") as info:
+        perfora.perforate(model, paths=["1"], neuron_axes={"1": -1}, num_neurons={"1": 16})
+    assert "inside it" in str(info.value)
+    assert not perfora.dendritic_layers(model)  # nothing was wrapped
+    perfora.perforate(model, paths=["1.0"])  # the way the message names works
+    assert list(perfora.dendritic_layers(model)) == ["1.0"]
+
+
+def test_a_block_with_dropout_trains_after_growth_each_dendrite_its_own_mask():
+    torch.manual_seed(0)
+    block = nn.Sequential(nn.Linear(16, 16), nn.Dropout(0.5))
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), block, nn.Linear(16, 2))
+    perfora.perforate(model, paths=["2"], neuron_axes={"2": -1}, num_neurons={"2": 16})
+    x = torch.randn(4, 8)
+    model.eval()
+    before = model(x)
+    layer = perfora.dendritic_layers(model)["2"]
+    layer.grow(torch.Generator().manual_seed(0))
+    layer.grow(torch.Generator().manual_seed(1))
+    assert torch.equal(model(x), before)  # growth keeps the outputs (eval: no dropout)
+    model.train()
+    model(x).sum().backward()  # used to fail: vmap refused Dropout's random mask
+    assert layer.bank_params is not None
+    masks = layer._bank_outputs(torch.ones(64, 16))
+    assert not torch.equal(masks[0] == 0, masks[1] == 0)  # not one mask for all dendrites
+
+
+class _Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 4, 3)
+        self.bn1 = nn.BatchNorm2d(4)
+        self.head = nn.Sequential(nn.Flatten(), nn.Linear(4 * 36, 8))
+        self.proj = nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(self.head(self.bn1(self.conv1(x))))
+
+
+@pytest.mark.parametrize("selection, match", [
+    ({"paths": ["head.1"], "exclude": ["head"]}, r"paths=\['head.1'\] is also excluded by "
+                                                 r"exclude=\['head'\]"),
+    ({"groups": [("bn1", "conv1")]}, r"'bn1' is not a selected layer \(a pair is \(layer, "
+                                     r"norm\): the layer first\)"),
+    ({"types": nn.Linear, "groups": [("conv1", "bn1")]}, r"'conv1' is not a selected layer; "
+                                                         r"select it too"),
+    ({"groups": [("conv1", "proj")]}, r"'proj' is a Linear, not a norm layer"),
+    ({"neuron_axes": {"attn_out": -1}}, r"neuron_axes= names 'attn_out', which is neither"),
+    ({"num_neurons": {"Conv": 4}}, r"num_neurons= names 'Conv', which is neither"),
+])
+def test_selectors_that_contradict_or_name_nothing_are_refused(selection, match):
+    model = _Net()
+    before = _state(model)
+    with pytest.raises(perfora.PerforationError, match=match):
+        perfora.perforate(model, **selection)
+    assert not perfora.dendritic_layers(model)
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+def test_consistent_selectors_still_work():
+    model = perfora.perforate(_Net(), groups=[("conv1", "bn1")],
+                              neuron_axes={"Conv2d": 1}, num_neurons={"proj": 2})
+    assert sorted(perfora.dendritic_layers(model)) == ["conv1", "head.1", "proj"]
+    assert isinstance(model.bn1, nn.Identity)  # grouped with conv1

@@ -1,0 +1,72 @@
+"""The modules perforate refuses at selection time, with the way in for each: dendrites
+could never run on them (no parameters, lazy or integer ones, a hidden state, a tuple output,
+batch-norm statistics shared by the dendrites' copies)."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from ..errors import PerforationError
+
+
+def refuse_unsupported(path: str, module: nn.Module) -> None:
+    """Refuse, at selection time, modules whose dendrites could never run."""
+    if not any(True for _ in module.parameters()):
+        raise PerforationError(f"cannot perforate {path!r} ({type(module).__name__}): "
+                               "it has no parameters to copy into dendrites")
+    _refuse_unfit_parameters(path, module)
+    if isinstance(module, RECURRENT):
+        raise recurrent_error(path, module)
+    _refuse_running_statistics(path, module)
+    if isinstance(module, nn.MultiheadAttention):
+        raise PerforationError(
+            f"cannot perforate {path!r} ({type(module).__name__}) as one layer: it returns "
+            "(output, weights). Grow its output projection instead: "
+            f"paths=[{path + '.out_proj'!r}]")
+
+
+RECURRENT = (nn.RNNBase, nn.RNNCellBase)
+
+
+def _refuse_running_statistics(path: str, module: nn.Module) -> None:
+    """A block holding a batch norm: its dendrites, copies of the block, would update the
+    block's running statistics (and cannot under vmap), so it is refused with the way in."""
+    if isinstance(module, nn.modules.batchnorm._BatchNorm):
+        return  # a norm alone is refused elsewhere, as a layer with no neuron axis to grow
+    inner = next(((name, m) for name, m in module.named_modules()
+                  if isinstance(m, nn.modules.batchnorm._BatchNorm)), None)
+    if inner is not None:
+        where = f"{path}.{inner[0]}"
+        raise PerforationError(
+            f"cannot perforate {path!r} ({type(module).__name__}) as one layer: it holds "
+            f"{type(inner[1]).__name__} {where!r}, whose running statistics the dendrites' "
+            "copies of the block would share. Perforate the Linear/Conv layers inside it "
+            "instead (the default types select them), and pair each conv with its norm: "
+            f"groups=[(<conv path>, {where!r})]")
+
+
+def recurrent_error(path: str, module: nn.Module, tail: str = "") -> PerforationError:
+    """Why a recurrent layer (``path``; "" for the model itself) cannot be perforated."""
+    where = repr(path) if path else "the model"
+    return PerforationError(
+        f"cannot perforate {where} ({type(module).__name__}): recurrent layers take and "
+        "return a hidden state besides their output, which dendrites do not support. "
+        "Perforate the Linear layers that read its output instead (the default types "
+        f"select them and leave recurrent layers alone){tail}")
+
+
+def _refuse_unfit_parameters(path: str, module: nn.Module) -> None:
+    """Refuse parameters growth cannot copy: uninitialised (lazy) or not floating point."""
+    for name, p in module.named_parameters():
+        if isinstance(p, nn.parameter.UninitializedParameter):
+            raise PerforationError(
+                f"cannot perforate {path!r} ({type(module).__name__}): its parameter "
+                f"{name!r} is not initialised yet (a lazy module), so its shape is unknown. "
+                "Run one forward pass of the model first, then perforate it; or leave the "
+                f"layer out: perforate(model, exclude=[{path!r}])")
+        if not p.is_floating_point():
+            raise PerforationError(
+                f"cannot perforate {path!r} ({type(module).__name__}): its parameter "
+                f"{name!r} is {p.dtype}, and dendrites are trained floating-point copies. "
+                f"Leave the layer out: perforate(model, exclude=[{path!r}]), or dequantize "
+                "it to a float dtype first")
