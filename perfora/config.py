@@ -10,7 +10,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import ConfigError, require_bool
+from .config_values import (
+    check_bool,
+    check_int,
+    neuron_pairs,
+    nonneg_float,
+    plain_scalars,
+)
+from .errors import ConfigError
 
 SWITCH_MODES = ("patience", "fixed", "every_epoch", "never")
 ACTIVATIONS = ("sigmoid", "tanh", "relu")
@@ -203,9 +210,10 @@ class PerforaConfig:
     # ----------------------------------------------------------------- validation
     def validate(self) -> None:
         """Check every setting; raise ConfigError naming the setting and the fix."""
-        _check_bool(self, "maximize")
-        _check_choice(self, "switch_mode", SWITCH_MODES)
-        _check_int(self, "n_epochs_to_switch", minimum=1)
+        plain_scalars(self)
+        check_bool(self, "maximize")
+        check_choice(self, "switch_mode", SWITCH_MODES)
+        check_int(self, "n_epochs_to_switch", minimum=1)
         thr = self.improvement_threshold
         if isinstance(thr, str | bytes | bytearray):
             raise ConfigError(f"improvement_threshold must be a number or a sequence of "
@@ -215,19 +223,19 @@ class PerforaConfig:
                 raise ConfigError("improvement_threshold: an empty sequence; give a float "
                                   "or at least one value, e.g. 1e-4")
             self.improvement_threshold = tuple(
-                _nonneg_float("improvement_threshold", v) for v in thr)
+                nonneg_float("improvement_threshold", v) for v in thr)
         else:
-            self.improvement_threshold = _nonneg_float("improvement_threshold", thr)
-        self.improvement_threshold_raw = _nonneg_float(
+            self.improvement_threshold = nonneg_float("improvement_threshold", thr)
+        self.improvement_threshold_raw = nonneg_float(
             "improvement_threshold_raw", self.improvement_threshold_raw)
-        _check_int(self, "history_lookback", minimum=1)
-        _check_int(self, "fixed_switch_num", minimum=1)
-        _check_int(self, "max_dendrites", minimum=0)
-        _check_int(self, "max_dendrite_tries", minimum=1)
-        _check_bool(self, "retain_all_dendrites")
-        _check_bool(self, "conv_gradmax")
-        _check_choice(self, "growth", GROWTH_KINDS)
-        _check_choice(self, "neuron_init", NEURON_INITS)
+        check_int(self, "history_lookback", minimum=1)
+        check_int(self, "fixed_switch_num", minimum=1)
+        check_int(self, "max_dendrites", minimum=0)
+        check_int(self, "max_dendrite_tries", minimum=1)
+        check_bool(self, "retain_all_dendrites")
+        check_bool(self, "conv_gradmax")
+        check_choice(self, "growth", GROWTH_KINDS)
+        check_choice(self, "neuron_init", NEURON_INITS)
         step = self.neurons_per_step
         if (isinstance(step, bool) or not isinstance(step, int | float)
                 or not math.isfinite(step) or not 0 < step <= 16):
@@ -235,8 +243,8 @@ class PerforaConfig:
                               f"width in (0, 16] (e.g. 0.5 adds half as many neurons as it "
                               f"started with), got {step!r}")
         self.neurons_per_step = float(step)
-        _check_int(self, "max_neuron_steps", minimum=0)
-        self.neuron_pairs = _neuron_pairs(self.neuron_pairs)
+        check_int(self, "max_neuron_steps", minimum=0)
+        self.neuron_pairs = neuron_pairs(self.neuron_pairs)
         if self.growth == "neurons" and self.rule != "gd":
             raise ConfigError(f"growth={self.growth!r} trains new neurons by backprop: it "
                               f"needs rule='gd', got rule={self.rule!r}")
@@ -247,10 +255,10 @@ class PerforaConfig:
                 raise ConfigError(f"target_score must be a finite number or None, got "
                                   f"{target!r}")
             self.target_score = float(target)
-        _check_bool(self, "capacity_test")
+        check_bool(self, "capacity_test")
         if self.activation is not None:
-            _check_choice(self, "activation", ACTIVATIONS)
-        _check_choice(self, "dendrite_init", DENDRITE_INITS)
+            check_choice(self, "activation", ACTIVATIONS)
+        check_choice(self, "dendrite_init", DENDRITE_INITS)
         frac = self.grow_fraction
         if (isinstance(frac, bool) or not isinstance(frac, int | float)
                 or not math.isfinite(frac) or not 0 < frac <= 1):
@@ -258,14 +266,14 @@ class PerforaConfig:
                               f"each layer's neurons get a dendrite per growth step), got "
                               f"{frac!r}")
         self.grow_fraction = float(frac)
-        _check_int(self, "candidate_pool", minimum=1)
-        _check_int(self, "candidate_steps", minimum=0)
+        check_int(self, "candidate_pool", minimum=1)
+        check_int(self, "candidate_steps", minimum=0)
         lr = self.candidate_lr
         if isinstance(lr, bool) or not isinstance(lr, int | float) or not math.isfinite(lr) \
                 or lr <= 0:
             raise ConfigError(f"candidate_lr must be a positive number, got {lr!r}")
         self.candidate_lr = float(lr)
-        _check_int(self, "signal_rows", minimum=16)
+        check_int(self, "signal_rows", minimum=16)
         scale = self.dendrite_init_scale
         if (isinstance(scale, bool) or not isinstance(scale, int | float)
                 or not math.isfinite(scale) or not 0 < scale <= MAX_INIT_SCALE):
@@ -275,14 +283,14 @@ class PerforaConfig:
         self.dendrite_init_scale = float(scale)
         from .rules import available_rules
 
-        _check_choice(self, "rule", available_rules())
+        check_choice(self, "rule", available_rules())
         if self.rule == "correlation" and self.grow_fraction < 1:
             raise ConfigError("grow_fraction < 1 (selective growth) cannot be combined with "
                               "rule='correlation', which trains full dendrite sets; use "
                               "rule='gd' (dendrite_init='error' gives Cascade-Correlation's "
                               "candidate training) or grow_fraction=1.0")
-        _check_int(self, "correlation_patience", minimum=1)
-        self.correlation_threshold = _nonneg_float("correlation_threshold",
+        check_int(self, "correlation_patience", minimum=1)
+        self.correlation_threshold = nonneg_float("correlation_threshold",
                                                    self.correlation_threshold)
         ratio = self.correlation_max_epochs_ratio
         if (isinstance(ratio, bool) or not isinstance(ratio, int | float)
@@ -291,9 +299,9 @@ class PerforaConfig:
                               f"(e.g. 1.0: a dendrite phase at most as long as the neuron "
                               f"phase before it), got {ratio!r}")
         self.correlation_max_epochs_ratio = float(ratio)
-        _check_int(self, "seed", minimum=0)
-        _check_bool(self, "save_checkpoints")
-        _check_int(self, "latest_every", minimum=1)
+        check_int(self, "seed", minimum=0)
+        check_bool(self, "save_checkpoints")
+        check_int(self, "latest_every", minimum=1)
         budget = self.checkpoint_time_budget
         if budget is not None:
             if (isinstance(budget, bool) or not isinstance(budget, int | float)
@@ -301,7 +309,7 @@ class PerforaConfig:
                 raise ConfigError(f"checkpoint_time_budget must be a fraction in (0, 1] or "
                                   f"None, got {budget!r}")
             self.checkpoint_time_budget = float(budget)
-        _check_choice(self, "checkpoint_format", CHECKPOINT_FORMATS)
+        check_choice(self, "checkpoint_format", CHECKPOINT_FORMATS)
         if not isinstance(self.extra, dict):
             raise ConfigError(f"extra must be a dict, got {type(self.extra).__name__}")
         try:  # it is saved in run.json and every checkpoint
@@ -435,64 +443,7 @@ def unknown_name_message(name: str, known: Sequence[str], what: str) -> str:
     return f"unknown {what} {name!r}{hint}"
 
 
-def _check_bool(cfg: PerforaConfig, name: str) -> None:
-    require_bool(getattr(cfg, name), name)
-
-
-def _check_int(cfg: PerforaConfig, name: str, minimum: int) -> None:
-    value = getattr(cfg, name)
-    if isinstance(value, bool) or not isinstance(value, int):
-        if isinstance(value, float) and value.is_integer():
-            value = int(value)
-            setattr(cfg, name, value)
-        else:
-            raise ConfigError(f"{name} must be an integer, got {value!r}")
-    if value < minimum:
-        raise ConfigError(f"{name} must be >= {minimum}, got {value}")
-
-
-def _check_choice(cfg: PerforaConfig, name: str, choices: Sequence[str]) -> None:
+def check_choice(cfg: PerforaConfig, name: str, choices: Sequence[str]) -> None:
     value = getattr(cfg, name)
     if value not in choices:
         raise ConfigError(unknown_name_message(value, choices, f"value for {name}:"))
-
-
-def _neuron_pairs(value: Any) -> dict[str, list[Any]] | None:
-    """``neuron_pairs`` checked and made JSON-able: consumers as paths or [path, repeat]."""
-    if value is None:
-        return None
-    example = "e.g. {'encoder.fc1': ['encoder.fc2']}"
-    if not isinstance(value, Mapping):
-        raise ConfigError(f"neuron_pairs must map each producer's path to its readers' paths, "
-                          f"{example}; got {type(value).__name__}")
-    pairs: dict[str, list[Any]] = {}
-    for producer, readers in value.items():
-        if not isinstance(producer, str) or not producer:
-            raise ConfigError(f"neuron_pairs: a producer must be a module path, got "
-                              f"{producer!r} ({example})")
-        items = [readers] if isinstance(readers, str) else readers
-        if not isinstance(items, Sequence) or not items:
-            raise ConfigError(f"neuron_pairs[{producer!r}]: list its readers' paths, "
-                              f"{example}; got {readers!r}")
-        pairs[producer] = [_reader(producer, item) for item in items]
-    return pairs
-
-
-def _reader(producer: str, item: Any) -> str | list[Any]:
-    if isinstance(item, str) and item:
-        return item
-    if isinstance(item, Sequence) and not isinstance(item, str) and len(item) == 2 \
-            and isinstance(item[0], str) and item[0] and isinstance(item[1], int) \
-            and not isinstance(item[1], bool) and item[1] >= 1:
-        return [item[0], item[1]]
-    raise ConfigError(f"neuron_pairs[{producer!r}]: a reader is a module path, or [path, "
-                      f"repeat] after a flatten (repeat: the spatial size, at least 1); got "
-                      f"{item!r}")
-
-
-def _nonneg_float(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ConfigError(f"{name} must be a finite number, got {value!r}")
-    if value < 0:
-        raise ConfigError(f"{name} must be >= 0, got {value}")
-    return float(value)

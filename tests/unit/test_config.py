@@ -194,3 +194,15 @@ def test_extra_must_be_json():
     with pytest.raises(ConfigError, match="extra must hold JSON values"):
         PerforaConfig(extra={"f": object()})
     assert PerforaConfig(extra={"a": [1, {"b": None}]}).extra == {"a": [1, {"b": None}]}
+
+
+def test_numpy_scalars_from_a_sweep_grid_are_taken_as_python_values():
+    np = pytest.importorskip("numpy")
+    config = PerforaConfig(max_dendrites=np.int64(3), grow_fraction=np.float32(0.5),
+                           maximize=np.bool_(False))
+    assert type(config.max_dendrites) is int and config.max_dendrites == 3
+    assert type(config.grow_fraction) is float and config.grow_fraction == 0.5
+    assert config.maximize is False
+    json.dumps(config.to_dict())  # saved as run files save it
+    with pytest.raises(ConfigError, match="max_dendrites must be an integer, got 2.5"):
+        PerforaConfig(max_dendrites=np.float64(2.5))

@@ -16,7 +16,7 @@ FLOORS = {
     "perfora.nn": 1,
     "perfora.distributed": 2,
     "perfora.checkpoint": 3, "perfora.rules": 3,
-    "perfora.parallel": 4, "perfora.config": 4,
+    "perfora.parallel": 4, "perfora.config": 4, "perfora.config_values": 4,
     "perfora.growth": 5,
     "perfora.integrations": 6, "perfora.compat": 6,
     "perfora.codemod": 7,
