@@ -243,9 +243,33 @@ def unrecognized_message(sub: argparse.ArgumentParser, extras: Sequence[str]) ->
     return f"unrecognized arguments: {' '.join(extras)}{hint}"
 
 
+_NPROC_FLAGS = ("--nproc-per-node", "--nproc_per_node")
+
+
+def _nproc_after_script(argv: Sequence[str]) -> bool:
+    """True when ``perfora launch`` got ``--nproc-per-node`` only after the script, where
+    every option goes to the script (argparse would only say it is missing)."""
+    if argv[:1] != ["launch"]:
+        return False
+    tokens, i = list(argv[1:]), 0
+    while i < len(tokens) and tokens[i].startswith("-"):
+        takes_value = tokens[i] not in ("--init", "-h", "--help") and "=" not in tokens[i]
+        i += 2 if takes_value else 1
+    def named(part: Sequence[str]) -> bool:
+        return any(a in _NPROC_FLAGS or a.startswith(tuple(f + "=" for f in _NPROC_FLAGS))
+                   for a in part)
+    return not named(tokens[:i]) and named(tokens[i + 1:])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `perfora` command."""
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if _nproc_after_script(argv):
+        _subcommand_parser(parser, "launch").error(
+            "--nproc-per-node came after the script, so it went to the script: options for "
+            "perfora launch go before SCRIPT, e.g. perfora launch --nproc-per-node 2 train.py "
+            "--your-args")
     args, extras = parser.parse_known_args(argv)
     if extras:  # the subcommand's usage and its closest option, not the top-level usage
         sub = _subcommand_parser(parser, args.command)

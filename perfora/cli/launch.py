@@ -33,6 +33,7 @@ from ..growth.restart import (
     is_training_complete,
     mark_training_complete,
     newest_switch,
+    run_completed,
 )
 
 # why an attempt ended
@@ -290,6 +291,15 @@ def _restart_loop(settings: LaunchSettings, say: Callable[[str], None]) -> Launc
                 message = (f"training complete after {number} attempt(s) ({restarts} "
                            f"restart(s) after restructures, {failures} failure(s)); {found}")
                 return LaunchResult(0, message, attempts)
+            elif run_completed(folder):
+                attempts.append(Attempt(number, "train", code, COMPLETE, newest, seconds))
+                mark_training_complete(folder)
+                return LaunchResult(0, f"training complete after {number} attempt(s): the "
+                                    "run's latest checkpoint says growth completed, but the "
+                                    f"script wrote no {COMPLETE_MARKER}, so the launch wrote "
+                                    "it. Call perfora.mark_training_complete(run_dir) when "
+                                    f"decision.training_complete in the script; {found}",
+                                    attempts)
             elif folder_fingerprint(folder) == before:
                 attempts.append(Attempt(number, "train", code, NO_PROGRESS, newest, seconds))
                 return LaunchResult(1, f"attempt {number} exited 0 but wrote nothing to "
@@ -307,9 +317,11 @@ def _restart_loop(settings: LaunchSettings, say: Callable[[str], None]) -> Launc
                                         f"but --max-restarts={settings.max_restarts} restarts "
                                         f"are used up ({found}); launch again to continue, "
                                         "with a higher --max-restarts", attempts)
-                say(f"attempt {number} ended: exit code 0 without {COMPLETE_MARKER} (the "
-                    f"script exited after a restructure) after {seconds:.1f} s; restarting "
-                    f"({found})")
+                how = ("the script exited after a restructure" if newest != resume else
+                       "no new switch_N: the script exited without a restructure; it "
+                       "resumes from its latest checkpoint")
+                say(f"attempt {number} ended: exit code 0 without {COMPLETE_MARKER} ({how}) "
+                    f"after {seconds:.1f} s; restarting ({found})")
     except KeyboardInterrupt:
         attempts.append(Attempt(len(attempts), "train", None, INTERRUPTED,
                                 newest_switch(folder), 0.0))

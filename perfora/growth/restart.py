@@ -7,8 +7,10 @@ launcher (:mod:`perfora.cli.launch`) reads the same names.
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import struct
 from pathlib import Path
 
 from ..checkpoint.files import atomic_write_text
@@ -24,6 +26,37 @@ INIT_FLAG = "--perforate_model_parallel"
 LOAD_FLAG = "--pai_load_folder"
 
 _SWITCH_RE = re.compile(r"^switch_(\d+)\.(pt|safetensors|dcp)$")
+
+
+def run_completed(folder: str | os.PathLike) -> bool:
+    """True when the newest ``latest`` checkpoint in ``folder`` (a file or a DCP folder)
+    says the controller completed, marker or not; False when none can be read."""
+    path = Path(folder)
+    candidates = [(p, p.stat().st_mtime) for p in (path / "latest.safetensors",
+                                                   path / "latest.dcp" / "perfora.json")
+                  if p.is_file()]
+    if not candidates:
+        return False
+    newest = max(candidates, key=lambda item: item[1])[0]
+    try:
+        meta = (json.loads(newest.read_text("utf-8")) if newest.suffix == ".json"
+                else _safetensors_meta(newest))
+        return bool(meta.get("controller", {}).get("completed", False))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _safetensors_meta(path: Path) -> dict:
+    """perfora's JSON state from a checkpoint file's header, without reading its tensors."""
+    with open(path, "rb") as handle:
+        (size,) = struct.unpack("<Q", handle.read(8))
+        if size > _HEADER_CAP:
+            raise ValueError(f"header of {size} bytes")
+        header = json.loads(handle.read(size))
+    return json.loads(header.get("__metadata__", {}).get("perfora", "{}"))
+
+
+_HEADER_CAP = 256 * 1024 * 1024
 
 
 def newest_switch(folder: str | os.PathLike) -> int | None:

@@ -126,6 +126,19 @@ def test_clean_exit_without_progress_is_an_error_not_an_endless_loop(tmp_path: P
     assert "attempt 2" not in proc.stdout
 
 
+@pytest.mark.xdist_group("forgot_marker")
+@pytest.mark.timeout(300)
+def test_a_script_that_forgets_the_marker_ends_when_its_run_completed(tmp_path: Path) -> None:
+    proc = _launch(["--nproc-per-node", "1", "--save-name", "RUN", "--init",
+                    "--attempt-timeout", "150", str(NATIVE), *ONE_SET, "--forget_marker"],
+                   tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "the run's latest checkpoint says growth completed, but the script wrote no " \
+        f"{COMPLETE_MARKER}, so the launch wrote it" in proc.stdout
+    assert "attempt 3" not in proc.stdout  # it used to restart into step() after completion
+    assert is_training_complete(tmp_path / "RUN")
+
+
 def test_completed_folder_is_refused_before_anything_runs(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
     monkeypatch.chdir(tmp_path)
@@ -147,7 +160,12 @@ def test_bad_arguments_are_usage_errors(tmp_path: Path, monkeypatch: pytest.Monk
     assert "--nproc-per-node must be a positive integer" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exc:  # argparse: --nproc-per-node is required
         main(["launch", str(NATIVE)])
-    assert exc.value.code == 2 and "--nproc-per-node" in capsys.readouterr().err
+    assert exc.value.code == 2 and "required: --nproc-per-node" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:  # after the script it went to the script
+        main(["launch", str(NATIVE), "--nproc-per-node", "2"])
+    assert exc.value.code == 2
+    assert "--nproc-per-node came after the script, so it went to the script: options for " \
+        "perfora launch go before SCRIPT" in capsys.readouterr().err
 
 
 def test_newest_switch_reads_both_checkpoint_formats(tmp_path: Path) -> None:

@@ -31,6 +31,8 @@ parser.add_argument("--save_name", default="PAI")
 parser.add_argument("--out", required=True, help="folder for the per-rank result files")
 parser.add_argument("--epochs_per_switch", type=int, default=3)
 parser.add_argument("--max_dendrites", type=int, default=2)
+parser.add_argument("--forget_marker", action="store_true",
+                    help="do not call mark_training_complete (a script that forgot it)")
 args = parser.parse_args()
 
 torch.set_num_threads(1)
@@ -106,7 +108,7 @@ flat = torch.cat([p.detach().flatten() for p in model.parameters()])
 with open(out / f"params_rank{rank}.json", "w") as handle:
     json.dump({"epoch": controller.epoch, "dendrites": controller.num_dendrites,
                "params": flat.tolist()}, handle)
-if decision.complete:
+if decision.complete and not args.forget_marker:
     mark_training_complete(run_dir)
 log("complete" if decision.complete else "restructured", epoch=controller.epoch,
     dendrites=controller.num_dendrites)
