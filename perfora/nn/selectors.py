@@ -9,6 +9,7 @@ from typing import Any
 from torch import nn
 
 from ..errors import PerforationError
+from ..warn import warn_user
 
 
 def string_list(value: Any, name: str) -> list[str]:
@@ -46,15 +47,16 @@ def _items(value: Any, name: str, takes: str) -> list[Any]:
 def check_consistent(paths: list[str], exclude: list[str], selected: list[str],
                      pair_map: dict[str, str], keyed: dict[str, dict[str, int]],
                      modules: dict[str, nn.Module], norm_types: tuple[type, ...]) -> None:
-    """Selectors that contradict each other or name nothing are refused before the model
-    changes, where they used to be dropped without a word: a ``paths=`` entry that
-    ``exclude`` also names, a ``groups`` pair whose layer is not selected or whose second
-    module is no norm, a ``neuron_axes``/``num_neurons`` key naming no module or class."""
+    """Selectors that contradict each other or name nothing, once dropped without a word:
+    a ``groups`` pair whose layer is not selected or whose second module is no norm, and a
+    ``neuron_axes``/``num_neurons`` key naming no module or class, are refused before the
+    model changes; a ``paths=`` entry that ``exclude`` also names is warned about (exclude
+    wins)."""
     for path in paths:
         covering = [e for e in exclude if path == e or path.startswith(e + ".")]
-        if covering:
-            raise PerforationError(f"paths=[{path!r}] is also excluded by exclude="
-                                   f"[{covering[0]!r}] (exclude wins): drop it from one of them")
+        if covering:  # exclude winning is documented (and the compat lists rely on it): said
+            warn_user(f"paths=[{path!r}] is also excluded by exclude=[{covering[0]!r}]: "
+                      "exclude wins, so it is not wrapped")
     chosen = set(selected)
     for layer, norm in pair_map.items():
         if layer not in chosen:

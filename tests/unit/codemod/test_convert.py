@@ -156,7 +156,8 @@ def test_exclude_by_path_prefix_and_type():
     assert wrapped_paths(net) == {"head.0", "head.3"}
 
     net, _ = make_net()  # exclude wins over an explicit path
-    perforate(net, paths=["head.0", "head.3"], exclude=["head.3"])
+    with pytest.warns(UserWarning, match=r"exclude wins, so it is not wrapped"):
+        perforate(net, paths=["head.0", "head.3"], exclude=["head.3"])
     assert wrapped_paths(net) == {"head.0"}
 
 

@@ -158,8 +158,6 @@ class _Net(nn.Module):
 
 
 @pytest.mark.parametrize("selection, match", [
-    ({"paths": ["head.1"], "exclude": ["head"]}, r"paths=\['head.1'\] is also excluded by "
-                                                 r"exclude=\['head'\]"),
     ({"groups": [("bn1", "conv1")]}, r"'bn1' is not a selected layer \(a pair is \(layer, "
                                      r"norm\): the layer first\)"),
     ({"types": nn.Linear, "groups": [("conv1", "bn1")]}, r"'conv1' is not a selected layer; "
@@ -175,6 +173,14 @@ def test_selectors_that_contradict_or_name_nothing_are_refused(selection, match)
         perfora.perforate(model, **selection)
     assert not perfora.dendritic_layers(model)
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+def test_a_path_also_excluded_is_said_and_left_out():
+    model = _Net()
+    with pytest.warns(UserWarning, match=r"paths=\['head.1'\] is also excluded by "
+                                         r"exclude=\['head'\]: exclude wins"):
+        perfora.perforate(model, paths=["head.1", "proj"], exclude=["head"])
+    assert list(perfora.dendritic_layers(model)) == ["proj"]
 
 
 def test_consistent_selectors_still_work():
