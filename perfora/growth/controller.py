@@ -40,10 +40,12 @@ from .scores import read_scores, update_arch
 from .signal import ErrorSignalProbe
 from .state import Action, BestSnapshot, ControllerState, Decision
 from .usage import UsageWatch
+from .views import ControllerViews
 from .widening_signal import WideningSignal
 
 
-class GrowthController(OnRequestMethods, OptimizerMethods, CheckpointMethods):
+class GrowthController(ControllerViews, OnRequestMethods, OptimizerMethods,
+                       CheckpointMethods):
     """Decides, once per epoch, whether to keep training, grow (dendrites, neurons) or stop.
 
     ``model`` must already be perforated (see :func:`perfora.perforate`); it may be wrapped
@@ -112,42 +114,15 @@ class GrowthController(OnRequestMethods, OptimizerMethods, CheckpointMethods):
         """The dendritic layers of the current model, by path."""
         return dendritic_layers(self.model)
 
-    @property
-    def num_dendrites(self) -> int:
-        """Dendrite sets currently in every wrapped layer."""
-        return self.state.num_dendrites
-
-    @property
-    def epoch(self) -> int:
-        """Epochs reported so far."""
-        return self.state.epoch
-
-    @property
-    def completed(self) -> bool:
-        """True once growth is over and the best model restored."""
-        return self.state.completed
-
-    @property
-    def best_score(self) -> float | None:
-        """The best (smoothed) validation score so far."""
-        return self.state.global_best
-
-    @property
-    def best_test_score(self) -> float | None:
-        """The test score given with the best validation score (None: none was given)."""
-        return self.state.best_test
-
-    @property
-    def phase(self) -> str:
-        """The learning rule's current phase."""
-        return self.rule.phase
-
     def parameter_count(self) -> int:
         """Parameters of the model, as deployed (no hidden copies)."""
         return self.backend.parameter_count(self.model)
 
     def _adopt(self, model: nn.Module | None) -> None:
-        """Check ``model`` is this controller's (not a retired wrapper), then use its kind."""
+        """Check ``model`` is this controller's (not a retired wrapper), then use its kind;
+        note what the user froze or unfroze since (growth keeps it)."""
+        for layer in self._layers().values():
+            layer.remember_frozen_base()
         if model is None:
             return
         check_reported_model(self.model, model, self._retired)

@@ -35,12 +35,14 @@ class OnRequestMethods:
     _decision: Callable[..., Decision]
     _rewind_to_best: Callable[[], None]
     _rebuild_after_change: Callable[[], None]
+    _adopt: Callable[[nn.Module | None], None]
 
     def add_dendrites(self) -> Decision:
         """Add one dendrite set now (without waiting for a plateau), whatever ``growth``
         says; rebuilds the optimizer."""
         if self.state.completed:
             raise OrderError("add_dendrites() after training completed")
+        self._adopt(None)  # the user's freezing now
         added = self._grow("dendrites")
         self._writer.write_switch(self._parts(), self.checkpoint_path)
         return self._decision(Action.RESTRUCTURE, "added on request"
@@ -55,6 +57,7 @@ class OnRequestMethods:
         if self.state.completed:
             raise OrderError("add_neurons() after training completed")
         check_neuron_growth(self.model, self.backend, self.config.replace(growth="neurons"))
+        self._adopt(None)  # the user's freezing now
         added = self._grow("neurons")
         self._writer.write_switch(self._parts(), self.checkpoint_path)
         return self._decision(Action.RESTRUCTURE, f"added on request ({added})")

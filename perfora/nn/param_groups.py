@@ -31,10 +31,12 @@ class ParameterGroups:
         return bool(names) and all(n in self.frozen_base_names for n in names)
 
     def remember_frozen_base(self) -> None:
-        """Record base parameters frozen now by the user (not by a perfora phase)."""
+        """Record the base parameters the user has frozen now (skipped while a perfora phase
+        freezes the base): read again at every report, so a layer frozen or unfrozen during
+        training stays so through growth."""
         if self._trainable["base"]:
-            self.frozen_base_names |= {n for n, p in self.base.named_parameters()
-                                       if not p.requires_grad}
+            self.frozen_base_names = {n for n, p in self.base.named_parameters()
+                                      if not p.requires_grad}
 
     def set_trainable(self, **groups: bool) -> None:
         """Set requires_grad per group: base, bank, cascade, out (v), candidate."""

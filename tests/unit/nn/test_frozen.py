@@ -142,3 +142,26 @@ def test_nothing_trainable_is_a_clear_error():
     ctl.set_optimizer(torch.optim.SGD, lr=0.1)
     with pytest.raises(perfora.ConfigError, match="no parameter of the model requires"):
         ctl.build_optimizer()
+
+
+@pytest.mark.parametrize("grow", ["add_dendrites", "plateau", "add_neurons"])
+def test_freezing_changed_during_training_is_kept_through_growth(grow):
+    torch.manual_seed(0)
+    model = perfora.perforate(nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 8),
+                                            nn.Tanh(), nn.Linear(8, 8), nn.Tanh(),
+                                            nn.Linear(8, 3)))
+    model[0].base.requires_grad_(False)  # frozen when the controller starts
+    ctl = perfora.GrowthController(model, write_files=False, growth="dendrites",
+                                   n_epochs_to_switch=1, max_dendrites=2)
+    ctl.set_optimizer(torch.optim.SGD, lr=0.1)
+    ctl.build_optimizer()
+    ctl.step(1.0)
+    model[0].base.requires_grad_(True)  # gradual unfreezing
+    model[4].base.requires_grad_(False)  # and a layer frozen later
+    if grow == "plateau":
+        assert ctl.step(1.0).restructured
+    else:
+        getattr(ctl, grow)()
+    flags = {path: all(p.requires_grad for p in layer.base.parameters())
+             for path, layer in perfora.dendritic_layers(ctl.model).items()}
+    assert flags == {"0": True, "2": True, "4": False, "6": True}
