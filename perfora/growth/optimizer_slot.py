@@ -58,8 +58,11 @@ class OptimizerSlot:
         self.user_owned = self.awaiting_instance = False
 
     def set_scheduler(self, cls: type, kwargs: dict[str, Any]) -> None:
-        """Register the LR scheduler class and arguments."""
+        """Register the LR scheduler class and arguments (built now over an optimizer the
+        user registered without one, and over each one registered later)."""
         self.scheduler_recipe = SchedulerRecipe(cls, dict(kwargs))
+        if self.user_owned and self.optimizer is not None:
+            self.scheduler = self.scheduler_recipe.build(self.optimizer)
 
     def build(self, model: nn.Module, maximize: bool) -> tuple[torch.optim.Optimizer, Any]:
         """(Re)build optimizer and scheduler over the model's trainable parameters."""
@@ -84,6 +87,8 @@ class OptimizerSlot:
                              f"{type(optimizer).__name__}")
         self.drop_saved_state("an optimizer registered with set_optimizer_instance is the "
                               "user's to restore")
+        if scheduler is None and self.scheduler_recipe is not None:
+            scheduler = self.scheduler_recipe.build(optimizer)  # set_scheduler's, over yours
         self.optimizer, self.scheduler = optimizer, scheduler
         self.user_owned = True
         self.awaiting_instance = False
@@ -198,9 +203,13 @@ class OptimizerMethods:
         self._slot.set_recipe(cls, kwargs)
 
     def set_scheduler(self, cls: type, **kwargs: Any) -> None:
-        """Register the LR scheduler class and arguments (stepped by the controller)."""
+        """Register the LR scheduler class and arguments, stepped by the controller: built
+        over the optimizer perfora builds, or over one you register with
+        ``set_optimizer_instance`` (before or after this call) without a scheduler."""
         self._refuse_under_engine("set_scheduler")
         self._slot.set_scheduler(cls, kwargs)
+        if self._slot.scheduler is not None:
+            check_plateau_mode(self._slot.scheduler, self.config.maximize)
 
     def build_optimizer(self) -> tuple[torch.optim.Optimizer, Any]:
         """(Re)build optimizer and scheduler over the currently trainable parameters (under
@@ -229,6 +238,8 @@ class OptimizerMethods:
         the model's parameters (another model's) is a ConfigError."""
         _check_covers_model(optimizer, self.model)
         self._slot.set_instance(optimizer, scheduler)
+        if self._slot.scheduler is not None:
+            check_plateau_mode(self._slot.scheduler, self.config.maximize)
         self.carry_optimizer_state(optimizer, scheduler)
 
     def carry_optimizer_state(self, optimizer: torch.optim.Optimizer,

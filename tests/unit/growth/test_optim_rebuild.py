@@ -276,6 +276,28 @@ def test_set_optimizer_instance_is_used_and_dropped_after_restructure():
     assert ctl.step(3.0).optimizer is new
 
 
+@pytest.mark.parametrize("scheduler_first", [False, True])
+def test_set_scheduler_with_an_optimizer_instance_is_built_over_it_and_stepped(
+        scheduler_first):
+    ctl = controller()
+    opt = torch.optim.SGD(ctl.model.parameters(), lr=0.1)
+    if scheduler_first:
+        ctl.set_scheduler(StepLR, step_size=1, gamma=0.5)
+        ctl.set_optimizer_instance(opt)
+    else:
+        ctl.set_optimizer_instance(opt)
+        ctl.set_scheduler(StepLR, step_size=1, gamma=0.5)
+    assert isinstance(ctl.scheduler, StepLR) and ctl.scheduler.optimizer is opt
+    ds = [ctl.step(s) for s in [1.0, 2.0, 2.0]]
+    assert ds[-1].scheduler is ctl.scheduler
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.1 * 0.5 ** 3)  # it used to stay 0.1
+    d = ctl.step(2.0)
+    assert d.restructured and d.scheduler is None
+    new = torch.optim.SGD(d.model.parameters(), lr=0.1)
+    ctl.set_optimizer_instance(new)  # the next one gets the registered scheduler too
+    assert isinstance(ctl.scheduler, StepLR) and ctl.scheduler.optimizer is new
+
+
 def test_set_optimizer_instance_rejects_non_optimizers():
     ctl = controller()
     with pytest.raises(OrderError, match="Optimizer"):
