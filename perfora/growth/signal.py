@@ -23,6 +23,7 @@ from torch import nn
 
 from ..nn.kernels import functorch_active, vmapped
 from ..nn.layers import DendriticLayer
+from .transient_hooks import TransientHook
 
 
 def input_rows(layer: DendriticLayer, x: torch.Tensor) -> torch.Tensor | None:
@@ -73,7 +74,7 @@ class ErrorSignalProbe:
         if self.armed:
             return
         for path, layer in layers.items():
-            self._handles.append(layer.register_forward_hook(self._hook(path)))
+            self._handles.append(layer.register_forward_hook(TransientHook(self._hook(path))))
 
     def disarm(self) -> None:
         """Stop recording; the rows kept so far stay available."""

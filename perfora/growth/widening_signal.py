@@ -25,6 +25,7 @@ from ..nn.blocks import is_hf_conv1d
 from ..nn.consumers import LayerPlan
 from ..nn.kernels import functorch_active, vmapped
 from .conv_signal import ConvPair, conv_pair, core_layer
+from .transient_hooks import TransientHook
 
 
 def _dense(module: nn.Module) -> bool:
@@ -87,8 +88,10 @@ class WideningSignal:
         for path in self.paths:
             producer = root.get_submodule(path)
             consumer = root.get_submodule(plan[path].consumers[0][0])
-            self._handles.append(producer.register_forward_hook(self._keep_input(path)))
-            self._handles.append(consumer.register_forward_hook(self._add_product(path)))
+            self._handles.append(producer.register_forward_hook(
+                TransientHook(self._keep_input(path))))
+            self._handles.append(consumer.register_forward_hook(
+                TransientHook(self._add_product(path))))
 
     def disarm(self) -> None:
         """Stop recording; the sums so far stay available."""
