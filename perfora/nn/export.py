@@ -23,6 +23,7 @@ from torch import nn
 from ..errors import ExportError
 from .blocks import plain_modules
 from .layers import DendriticLayer, dendritic_layers, unwrap_model
+from .plain_keys import remove_plain_key_hook
 from .widening import remove_width_hook
 
 _ACTIVATION_FUNCTIONS = {"sigmoid": torch.sigmoid, "tanh": torch.tanh, "relu": F.relu}
@@ -45,6 +46,7 @@ def export(model: nn.Module) -> nn.Module:
         exported = export_layer(exported)
     _restore_plain_attention(exported)
     remove_width_hook(exported)
+    remove_plain_key_hook(exported)
     return exported.eval()
 
 

@@ -49,6 +49,7 @@ from .block_mix import mix_by_blocks, mix_from_pre, widened_blocks
 from .candidate import CANDIDATE_NAMES, CandidateApart, merged_state_hook
 from .kernels import functorch_active
 from .param_groups import PARAM_GROUPS, ParameterGroups
+from .plain_keys import adopt_plain_keys
 
 _ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "sigmoid": torch.sigmoid,
@@ -331,6 +332,7 @@ class DendriticLayer(ParameterGroups, CandidateApart, nn.Module):
 
     # ------------------------------------------------------------------ state dict
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:
+        adopt_plain_keys(self, state_dict, prefix)  # a plain model's checkpoint fits too
         # the stored form is always merged: a load ends a candidate split (rules redo it)
         self.merge_candidate()
         stored = stored_dendrites(state_dict, prefix)
