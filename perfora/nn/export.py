@@ -180,6 +180,7 @@ class _DendriteComputation(nn.Module):
             y = y.movedim(self.axis, -1)
         pre = self._pre_activations(x)
         out = self._mix_full(pre, y) if self.neurons is None else self._mix_partial(pre, y)
+        out = out.to(y.dtype)  # the base's dtype, as the live layer keeps it (autocast)
         return out.movedim(-1, self.axis) if self._last() else out
 
     def _mix_full(self, pre: list, y: torch.Tensor) -> torch.Tensor:

@@ -384,7 +384,8 @@ class DendriticLayer(ParameterGroups, CandidateApart, nn.Module):
                     "transform or forward-mode AD it would not learn. Run this phase with "
                     "loss.backward(), or use rule='gd'")
             out = self.candidate_tap(out, self._candidate_output(x, dendrites, shape))
-        return out
+        # under autocast a bf16 output meets float32 v rows: the output keeps the base's dtype
+        return out if out.dtype == y.dtype else out.to(y.dtype)
 
     def _mix(self, x: torch.Tensor, y: torch.Tensor,
              shape: list[int]) -> tuple[torch.Tensor, list[torch.Tensor]]:

@@ -228,3 +228,18 @@ def test_export_of_a_widened_model_is_plain_torch_and_equal():
         assert not any(n.startswith("perfora") for n in names), names
     assert type(perfora.export(plain)[0]) is nn.Linear
     assert perfora.export(plain)[0].weight.shape == (7, 3)
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_growth_under_autocast_keeps_the_outputs_dtype_and_bits(kind):
+    build, data, options = KINDS[kind]
+    torch.manual_seed(1)
+    model = perfora.perforate(build(), **options)
+    x = data()
+    with torch.no_grad(), torch.autocast("cpu", torch.bfloat16):
+        before = model(x)
+        for layer in perfora.dendritic_layers(model).values():
+            layer.grow(torch.Generator().manual_seed(0))
+        after = model(x)
+    assert after.dtype == before.dtype  # it used to turn float32 from the first set on
+    assert torch.equal(after, before)
