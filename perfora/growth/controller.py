@@ -232,7 +232,7 @@ class GrowthController(ControllerViews, OnRequestMethods, OptimizerMethods,
         self._slot.pending_carry = None  # a neuron step's moments wait one epoch at most
         self._usage.end_epoch(self._slot.expected, self._slot.awaiting_instance)
         value, test, extras = read_scores(score, test_score, extra, weight)
-        self._usage.check_report(self.model, self.backend, self.state.history, value,
+        self._usage.check_report(self.model, self.backend, self.state, value,
                                  self.config.maximize)
         now = time.perf_counter()
         seconds, self._last_time = now - self._last_time, now

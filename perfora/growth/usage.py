@@ -16,16 +16,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
-from typing import Any
 
 import torch
 from torch import nn
 
 from ..distributed.collectives import world_size
 from ..distributed.replica_check import drifted_parameters
-from ..nn.layers import DendriticLayer
+from ..nn.layers import DendriticLayer, dendritic_layers, unwrap_model
 from ..parallel.base import ParallelBackend
 from ..warn import warn_user
+from .state import ControllerState
 
 DIRECTION_EPOCHS = 4  # reports that all move the wrong way before the direction is questioned
 _SAMPLE = 1024  # elements compared per parameter: enough to see any optimizer step
@@ -134,14 +134,33 @@ class UsageWatch:
                        "over model.parameters() and register it again")
 
     # -------------------------------------------------------------- at each report
-    def check_report(self, model: nn.Module, backend: ParallelBackend,
-                     history: list[dict[str, Any]], score: float, maximize: bool) -> None:
-        """Before a report is taken: replicated ranks still alike (a collective under
-        torch.distributed), and, at the 4th report, the scores' direction."""
+    def check_report(self, model: nn.Module, backend: ParallelBackend, state: ControllerState,
+                     score: float, maximize: bool) -> None:
+        """Before a report is taken: the model holds what the controller grew, replicated
+        ranks are still alike (a collective under torch.distributed), and, at the 4th
+        report, the scores' direction."""
+        self.check_structure(model, state)
         if world_size() > 1 and not (backend.sharded or backend.owns_optimizer):
             self.check_replicas(drifted_parameters(model))
+        history = state.history
         if len(history) + 1 == DIRECTION_EPOCHS:
             self.check_direction([*(row["val_score"] for row in history), score], maximize)
+
+    def check_structure(self, model: nn.Module, state: ControllerState) -> None:
+        """Warn once when the model's dendrite sets or neuron steps differ from the
+        controller's: a ``load_state_dict`` of another point of the run resized the layers
+        without the controller (its optimizer then misses their parameters)."""
+        held = [(layer.num_dendrites, len(getattr(layer, "widenings", None) or []))
+                for layer in dendritic_layers(unwrap_model(model)).values()]
+        sets = max((d for d, _ in held), default=0)
+        steps = max((w for _, w in held), default=0)
+        if (sets, steps) != (state.num_dendrites, state.num_widenings):
+            self._warn("structure", f"the model holds {sets} dendrite set(s) and {steps} "
+                       f"neuron step(s), but the controller grew {state.num_dendrites} and "
+                       f"{state.num_widenings}: the model was changed outside the controller "
+                       "(a model.load_state_dict of another point of the run?). Go back with "
+                       "the controller instead, which restores the optimizer with the model: "
+                       "controller.load('best' or 'switch_N') or perfora.resume")
 
     def check_replicas(self, drifted: list[str]) -> None:
         """Warn once when replicated ranks hold different weights after an epoch."""

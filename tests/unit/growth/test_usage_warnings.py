@@ -159,3 +159,22 @@ def test_scores_that_all_get_worse_at_first_question_the_direction_once(maximize
 ])
 def test_scores_that_move_the_right_way_or_mixed_give_no_direction_warning(maximize, scores):
     assert _direction_warnings(maximize, scores) == []
+
+
+def test_a_model_rolled_back_with_load_state_dict_is_said_at_the_next_step():
+    model, ctl, _ = _setup()
+    ctl.add_dendrites()
+    one_set = {k: v.clone() for k, v in model.state_dict().items()}
+    decision = ctl.add_dendrites()
+    _train(decision.model, decision.optimizer)
+    model.load_state_dict(one_set)  # the model shrinks back, the controller does not know
+    assert perfora.dendritic_layers(model)["0"].num_dendrites == 1
+    caught = [w for w in _recorded(lambda: ctl.step(0.5))
+              if "outside the controller" in str(w.message)]
+    assert [str(w.message) for w in caught] == [
+        "the model holds 1 dendrite set(s) and 0 neuron step(s), but the controller grew 2 "
+        "and 0: the model was changed outside the controller (a model.load_state_dict of "
+        "another point of the run?). Go back with the controller instead, which restores the "
+        "optimizer with the model: controller.load('best' or 'switch_N') or perfora.resume"]
+    assert caught[0].filename == __file__  # at the user's step() line
+    assert not [w for w in _recorded(lambda: ctl.step(0.5)) if "outside" in str(w.message)]
