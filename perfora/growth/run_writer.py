@@ -51,10 +51,11 @@ class RunWriter:
         self._last_write = time.perf_counter()
         self._write_cost = 0.0
         self._warned_format = False
-        # another run's checkpoints here: this run overwrites them (warned at its first report)
-        self._earlier = sorted(
+        # another run's files here: this run overwrites them (warned at its first report)
+        self._earlier = (sorted(
             p.name for stem in CHECKPOINT_STEMS for suffix in (FILE_SUFFIX, DCP_SUFFIX, ".pt")
-            for p in self.run_dir.glob(stem + suffix)) if self.writes else []
+            for p in self.run_dir.glob(stem + suffix))
+            + [p.name for p in self.run_dir.glob("metrics.csv")]) if self.writes else []
         self.report = RunReport(self.run_dir) if self.writes else None
         if self.report is not None:
             self.report.write_run_json({"perfora_version": __version__,
@@ -134,10 +135,11 @@ class RunWriter:
         """After one report: metrics, checkpoints when due, summaries after a decision."""
         if self._earlier:
             if parts.state.epoch == 1:  # a new run, not a resumed one
-                warn_user(f"run_dir {self.run_dir} already holds another run's checkpoints "
+                warn_user(f"run_dir {self.run_dir} already holds another run's files "
                           f"({', '.join(self._earlier[:4])}): this run overwrites its latest, "
-                          "best and metrics.csv, and its other files stay beside them (a "
-                          "later resume from the newest switch_N may pick up that run's). "
+                          "best, metrics.csv and summaries, and its other files stay beside "
+                          "them (a later resume from the newest switch_N may pick up that "
+                          "run's). "
                           "Give each run its own run_dir (save_name under the PerforatedAI "
                           "names), or resume that run: controller.load('latest')")
             self._earlier = []

@@ -133,7 +133,7 @@ def test_a_new_run_in_a_save_name_holding_another_runs_pt_files_warns(tmp_path: 
     assert (tmp_path / "RUN" / "switch_2.pt").is_file()
     settings()
     again = perforated("RUN")
-    with pytest.warns(UserWarning, match=r"already holds another run's checkpoints "
+    with pytest.warns(UserWarning, match=r"already holds another run's files "
                                          r"\(best_model\.pt, latest\.pt, switch_1\.pt, "
                                          r"switch_2\.pt\).*the newest switch_N.*save_name"):
         pai_loop(again, 0, 1)

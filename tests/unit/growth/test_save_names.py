@@ -14,10 +14,11 @@ from torch import nn
 import perfora
 
 
-def _controller(run_dir=None) -> perfora.GrowthController:
+def _controller(run_dir=None, **settings) -> perfora.GrowthController:
     torch.manual_seed(0)
     model = perfora.perforate(nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 2)))
-    ctl = perfora.GrowthController(model, run_dir=run_dir, write_files=run_dir is not None)
+    ctl = perfora.GrowthController(model, run_dir=run_dir, write_files=run_dir is not None,
+                                   **settings)
     ctl.set_optimizer(torch.optim.Adam, lr=1e-3)
     ctl.build_optimizer()
     return ctl
@@ -57,10 +58,19 @@ def test_a_new_run_in_a_folder_holding_another_run_warns_and_a_resumed_one_does_
     first.step(0.5)
     first.save()
     again = _controller(tmp_path)
-    with pytest.warns(UserWarning, match=r"already holds another run's checkpoints \(best"):
+    with pytest.warns(UserWarning, match=r"already holds another run's files \(best"):
         again.step(0.5)
     resumed = _controller(tmp_path)
     resumed.load("latest")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         resumed.step(0.6)
+
+
+def test_a_new_run_over_a_folder_with_only_metrics_warns_too(tmp_path):
+    first = _controller(tmp_path, save_checkpoints=False)  # as the Lightning callback writes
+    first.step(0.5)
+    assert (tmp_path / "metrics.csv").is_file() and not list(tmp_path.glob("*.safetensors"))
+    again = _controller(tmp_path, save_checkpoints=False)
+    with pytest.warns(UserWarning, match=r"already holds another run's files \(metrics\.csv\)"):
+        again.step(0.5)
