@@ -335,9 +335,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def output_path(args: argparse.Namespace) -> Path:
     """Where the JSON goes: --out, else results/local/ (results/ with --update-stored), named
-    after the variant."""
+    after the variant (``_quick`` for a ``--quick`` smoke run)."""
     name = ("overhead_floor.json" if args.floor else "overhead_compiled.json" if args.compile
             else "overhead_unfused.json" if args.unfused else OUTPUT)
+    if args.quick:  # a smoke run never overwrites a real run's file
+        name = name.replace(".json", "_quick.json")
     return output_paths.output_file(args, name, "out")
 
 

@@ -170,6 +170,11 @@ class OptimizerSlot:
         step_scheduler(self.scheduler, score, maximize)
 
 
+PER_BATCH_SCHEDULERS = ("OneCycleLR", "CyclicLR")
+"""Schedulers torch steps once per batch: registered with the controller, they are warned
+about (it steps once per epoch)."""
+
+
 class OptimizerMethods:
     """The controller's optimizer methods: what it registers, builds or is handed lives in
     its slot (``self._slot``)."""
@@ -207,6 +212,12 @@ class OptimizerMethods:
         over the optimizer perfora builds, or over one you register with
         ``set_optimizer_instance`` (before or after this call) without a scheduler."""
         self._refuse_under_engine("set_scheduler")
+        if getattr(cls, "__name__", "") in PER_BATCH_SCHEDULERS:
+            warn_user(f"{cls.__name__} is stepped once per batch, but the controller steps a "
+                      "registered scheduler once per epoch (a schedule planned in batches "
+                      "would run epochs long, then fail past its end). Step it yourself in "
+                      "the batch loop and rebuild it with each decision.optimizer, or give it "
+                      "a schedule counted in epochs")
         self._slot.set_scheduler(cls, kwargs)
         if self._slot.scheduler is not None:
             check_plateau_mode(self._slot.scheduler, self.config.maximize)

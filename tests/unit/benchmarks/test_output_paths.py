@@ -79,6 +79,8 @@ def test_update_stored_writes_the_stored_results(name: str) -> None:
     ("overhead", ["--compile"], "overhead_compiled.json"),
     ("overhead", ["--unfused"], "overhead_unfused.json"),
     ("quality", ["--quick"], "quality_quick.json"),
+    ("overhead", ["--quick"], "overhead_quick.json"),
+    ("overhead", ["--floor", "--quick"], "overhead_floor_quick.json"),
 ])
 def test_variants_keep_their_own_stored_file(name: str, args: list[str], stored: str) -> None:
     assert output(name, *args).name == stored

@@ -7,6 +7,8 @@ optimizer actually trains the new dendrites.
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from torch import nn
@@ -397,3 +399,14 @@ def test_at_completion_the_optimizer_holds_the_restored_best_models_parameters(g
     trainable = [id(p) for p in decision.model.parameters() if p.requires_grad]
     assert opt_param_ids(decision.optimizer) == trainable
     assert decision.optimizer is ctl.optimizer
+
+
+def test_a_per_batch_scheduler_registered_for_epochs_is_warned_about():
+    ctl = controller()
+    with pytest.warns(UserWarning, match="OneCycleLR is stepped once per batch, but the "
+                                         "controller steps a registered scheduler once per "
+                                         "epoch"):
+        ctl.set_scheduler(torch.optim.lr_scheduler.OneCycleLR, max_lr=0.1, total_steps=10)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ctl.set_scheduler(StepLR, step_size=2)  # an epoch schedule: nothing to say
