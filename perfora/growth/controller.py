@@ -100,16 +100,6 @@ class GrowthController(ControllerViews, OnRequestMethods, OptimizerMethods,
         self._take_engine_optimizer()
         self._arm_probe()
 
-    @property
-    def run_dir(self) -> Path | None:
-        """The folder of the run files (None: none are written)."""
-        return self._writer.run_dir
-
-    @property
-    def write_files(self) -> bool:
-        """False on ranks (or runs) that write no files."""
-        return self._writer.write_files
-
     def _layers(self) -> dict[str, Any]:
         """The dendritic layers of the current model, by path."""
         return dendritic_layers(self.model)

@@ -3,16 +3,29 @@ scores (one place, so the controller's class keeps to its decisions)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from .state import ControllerState
 
 
 class ControllerViews:
-    """Properties over ``state`` (and the learning rule's phase) for users and integrations."""
+    """Properties over ``state``, the learning rule's phase and the run files, for users and
+    integrations."""
 
     state: ControllerState
     rule: Any
+    _writer: Any
+
+    @property
+    def run_dir(self) -> Path | None:
+        """The folder of the run files (None: none are written)."""
+        return self._writer.run_dir
+
+    @property
+    def write_files(self) -> bool:
+        """False on ranks (or runs) that write no files."""
+        return self._writer.write_files
 
     @property
     def num_dendrites(self) -> int:
