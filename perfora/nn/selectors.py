@@ -50,8 +50,8 @@ def check_consistent(paths: list[str], exclude: list[str], selected: list[str],
     """Selectors that contradict each other or name nothing, once dropped without a word:
     a ``groups`` pair whose layer is not selected or whose second module is no norm, and a
     ``neuron_axes``/``num_neurons`` key naming no module or class, are refused before the
-    model changes; a ``paths=`` entry that ``exclude`` also names is warned about (exclude
-    wins)."""
+    model changes; a ``paths=`` entry that ``exclude`` also names (exclude wins) and such a
+    key naming a module or class not selected are warned about."""
     for path in paths:
         covering = [e for e in exclude if path == e or path.startswith(e + ".")]
         if covering:  # exclude winning is documented (and the compat lists rely on it): said
@@ -70,8 +70,13 @@ def check_consistent(paths: list[str], exclude: list[str], selected: list[str],
                                    f"{type(modules[norm]).__name__}, not a norm layer "
                                    f"({', '.join(t.__name__ for t in norm_types)})")
     classes = {type(m).__name__ for m in modules.values()}
+    chosen_classes = {type(modules[p]).__name__ for p in chosen}
     for setting, mapping in keyed.items():
         for key in mapping:
             if key not in modules and key not in classes:
                 raise PerforationError(f"{setting}= names {key!r}, which is neither a module "
                                        "path nor a class name in this model")
+            if key not in chosen and key not in chosen_classes:
+                warn_user(f"{setting}= names {key!r}, which is not selected, so it is not "
+                          f"wrapped: naming its axis does not select it (add it to paths= or "
+                          "names=)")

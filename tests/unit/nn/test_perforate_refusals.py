@@ -188,3 +188,11 @@ def test_consistent_selectors_still_work():
                               neuron_axes={"Conv2d": 1}, num_neurons={"proj": 2})
     assert sorted(perfora.dendritic_layers(model)) == ["conv1", "head.1", "proj"]
     assert isinstance(model.bn1, nn.Identity)  # grouped with conv1
+
+
+def test_naming_the_axis_of_a_layer_not_selected_is_said():
+    model = _Net()
+    with pytest.warns(UserWarning, match=r"neuron_axes= names 'proj', which is not selected, "
+                                         r"so it is not wrapped"):
+        perfora.perforate(model, paths=["conv1"], neuron_axes={"proj": -1})
+    assert list(perfora.dendritic_layers(model)) == ["conv1"]
