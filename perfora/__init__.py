@@ -31,6 +31,7 @@ from .growth.candidates import GrowthPlan, plan_growth
 from .growth.restart import mark_training_complete
 from .growth.resume import resume
 from .growth.saved_run import load_checkpoint
+from .growth.scheduler_move import move_scheduler
 from .growth.signal import ErrorSignalProbe
 from .nn.consumers import LayerPlan, WideningPlan, plan_widening
 from .nn.export import export
@@ -65,7 +66,7 @@ __all__ = [
     "plan_widening", "widen", "gradmax_init", "WideningPlan", "LayerPlan",
     # grow
     "PerforaConfig", "GrowthController", "Decision", "ControllerState", "ErrorSignalProbe",
-    "GrowthPlan", "plan_growth", "LearningRule", "RuleStep", "register_rule",
+    "GrowthPlan", "plan_growth", "LearningRule", "RuleStep", "register_rule", "move_scheduler",
     # files
     "resume", "save_model", "load_model", "load_checkpoint", "save_dendrites",
     "load_dendrites", "mark_training_complete",

@@ -216,8 +216,9 @@ class OptimizerMethods:
             warn_user(f"{cls.__name__} is stepped once per batch, but the controller steps a "
                       "registered scheduler once per epoch (a schedule planned in batches "
                       "would run epochs long, then fail past its end). Step it yourself in "
-                      "the batch loop and rebuild it with each decision.optimizer, or give it "
-                      "a schedule counted in epochs")
+                      "the batch loop and move it onto each decision.optimizer with "
+                      "perfora.move_scheduler(scheduler, decision.optimizer), or give it a "
+                      "schedule counted in epochs")
         self._slot.set_scheduler(cls, kwargs)
         if self._slot.scheduler is not None:
             check_plateau_mode(self._slot.scheduler, self.config.maximize)

@@ -2,7 +2,8 @@
 saves its state mid-run and, with ``--resume``, continues from it.
 
 Writes result_<rank>.json: decisions, dendrite count, a parameter digest.
-``--stale`` keeps the first prepared model (the negative control)."""
+``--stale`` keeps the first prepared model (the negative control); ``--user-scheduler`` steps
+a per-batch warm-up of its own, moved onto each rebuilt optimizer by prepare_after_growth."""
 
 from __future__ import annotations
 
@@ -15,11 +16,17 @@ import torch
 import torch.nn.functional as F
 from accelerate import Accelerator
 from torch import nn
+from torch.optim.lr_scheduler import LambdaLR
 
 import perfora
 from perfora.integrations import accelerate as perfora_accelerate
 
-EPOCHS, SAVE_AFTER = 7, 4
+EPOCHS, SAVE_AFTER, BATCHES = 7, 4, 3
+
+
+def warmup(step: int) -> float:
+    """The user's per-batch schedule: a linear warm-up over 10 batches, then a decay."""
+    return (step + 1) / 10 if step < 10 else 0.9 ** (step - 9)
 
 
 def main() -> None:
@@ -28,6 +35,7 @@ def main() -> None:
     parser.add_argument("--stale", action="store_true")
     parser.add_argument("--growth", default="dendrites", help="dendrites, neurons or auto")
     parser.add_argument("--resume", type=Path)
+    parser.add_argument("--user-scheduler", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(1)
     accelerator = Accelerator(cpu=True)
@@ -40,18 +48,29 @@ def main() -> None:
     generator = torch.Generator().manual_seed(100 + rank)  # each rank its own data
     x = torch.randn(64, 6, generator=generator)
     y = torch.randint(0, 3, (64,), generator=generator)
-    start = 0
+    start, scheduler = 0, None
     if args.resume is not None:
-        prepared, optimizer, _ = perfora_accelerate.load_state(accelerator, ctl, args.resume)
+        if args.user_scheduler:
+            scheduler = LambdaLR(ctl.build_optimizer()[0], warmup)
+            prepared, optimizer, scheduler, _ = perfora_accelerate.load_state(
+                accelerator, ctl, args.resume, scheduler)
+        else:
+            prepared, optimizer, _ = perfora_accelerate.load_state(accelerator, ctl, args.resume)
         start = ctl.epoch
+    elif args.user_scheduler:
+        first = ctl.build_optimizer()[0]
+        prepared, optimizer, scheduler = accelerator.prepare(model, first, LambdaLR(first, warmup))
     else:
         prepared, optimizer = accelerator.prepare(model, ctl.build_optimizer()[0])
-    actions = []
+    actions, lrs = [], []
     for epoch in range(start, EPOCHS):
-        for _ in range(3):
+        for _ in range(BATCHES):
             optimizer.zero_grad()
             accelerator.backward(F.cross_entropy(prepared(x), y))
+            lrs.append(optimizer.param_groups[0]["lr"])
             optimizer.step()
+            if scheduler is not None:
+                scheduler.step()
         decision = ctl.step(1.0)  # a flat score: a new set every few epochs
         actions.append(decision.action)
         if decision.restructured or decision.complete:
@@ -59,6 +78,9 @@ def main() -> None:
         if decision.restructured:
             if args.stale:
                 optimizer = accelerator.prepare(decision.optimizer)
+            elif scheduler is not None:
+                prepared, optimizer, scheduler = perfora_accelerate.prepare_after_growth(
+                    accelerator, decision, scheduler)
             else:
                 prepared, optimizer = perfora_accelerate.prepare_after_growth(accelerator,
                                                                               decision)
@@ -71,7 +93,8 @@ def main() -> None:
     (args.out / f"result_{rank}.json").write_text(json.dumps({
         "actions": actions, "dendrites": ctl.num_dendrites, "digest": digest.hexdigest(),
         "widenings": ctl.state.num_widenings,
-        "models_held": len(accelerator._models), "optimizers_held": len(accelerator._optimizers)}))
+        "models_held": len(accelerator._models), "optimizers_held": len(accelerator._optimizers),
+        "schedulers_held": len(accelerator._schedulers), "lrs": lrs}))
     # a user's script ends this way: the group torn down, the interpreter left normally
     # (perfora settles gloo's threads at exit, so no rank aborts; tests/integration/launch)
     torch.distributed.barrier()
