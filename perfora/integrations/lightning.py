@@ -145,6 +145,9 @@ class DendriteGrowth(GrowthCallback, Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
+        if sum(isinstance(c, DendriteGrowth) for c in trainer.callbacks) > 1:
+            raise ConfigError("the Trainer has more than one DendriteGrowth callback: each "
+                              "would grow the model on its own; use one per Trainer")
         self._validations, self._warned_no_metric = 0, False
         if trainer.is_global_zero:
             self._warn_if_direction_looks_wrong()

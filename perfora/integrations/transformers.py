@@ -140,6 +140,11 @@ class DendriteGrowthCallback(GrowthCallback, TrainerCallback):
         if self.trainer is trainer:
             return self
         _check_trainer(trainer)
+        if any(isinstance(c, DendriteGrowthCallback) and c.trainer is trainer
+               for c in trainer.callback_handler.callbacks):
+            raise OrderError("this Trainer already has a bound DendriteGrowthCallback: two "
+                             "would each grow the model and rebuild its optimizer; use one "
+                             "callback per Trainer")
         self.monitor, self.mode = _resolve_monitor(self.monitor, self.mode, trainer.args)
         self.config = self.growth_config(self.mode)
         target = self._perforate_target(trainer.model, self.config)
@@ -337,6 +342,11 @@ def _check_trainer(trainer: Any) -> None:
                           "growth callback gets no score and nothing can grow: set "
                           'eval_strategy="epoch" and metric_for_best_model (the metric to '
                           "monitor), and give the Trainer an eval_dataset")
+    if getattr(trainer, "model_init", None) is not None:
+        raise ConfigError("Trainer(model_init=...) builds a new model at every train() (for "
+                          "hyperparameter_search), which would replace the model bind() "
+                          "perforated with an unperforated one: build the model yourself and "
+                          "pass Trainer(model=model_init())")
     if getattr(trainer.args, "load_best_model_at_end", False):
         raise ConfigError("TrainingArguments(load_best_model_at_end=True) would load a Trainer "
                           "checkpoint at the end, possibly of another dendrite structure, over "

@@ -17,6 +17,7 @@ import lightning.pytorch as pl
 import pytest
 import torch
 
+from perfora import ConfigError, dendritic_layers
 from perfora.integrations.lightning import DendriteGrowth
 from tests.support.paths import SCRIPTS
 
@@ -61,6 +62,19 @@ def test_the_usual_direction_does_not_warn(tmp_path, monitor, mode):
         warnings.simplefilter("always")
         fit(tmp_path, DendriteGrowth(monitor=monitor, mode=mode, module="net"))
     assert ours(record) == []
+
+
+def test_two_growth_callbacks_on_one_trainer_are_refused_before_anything_grows(tmp_path):
+    first = DendriteGrowth(monitor="val_loss", mode="min", module="net")
+    second = DendriteGrowth(monitor="val_acc", mode="max", module="net")
+    trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=1, logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False,
+                         default_root_dir=str(tmp_path), callbacks=[first, second])
+    train, val_loader = digits_loaders(200)
+    model = DigitsNet()
+    with pytest.raises(ConfigError, match="more than one DendriteGrowth callback"):
+        trainer.fit(model, train, val_loader)
+    assert not dendritic_layers(model)  # not perforated
 
 
 def test_a_fit_without_validation_warns_that_nothing_can_grow(tmp_path):

@@ -190,6 +190,18 @@ def test_clear_errors_for_setups_it_cannot_grow(tmp_path):
     with pytest.raises(perfora.ConfigError, match=r"eval_strategy=\"epoch\".*metric_for_best"):
         DendriteGrowthCallback().bind(no_eval)
     _assert_unchanged(no_eval.model, before)  # not even perforated
+    rebuilt = make_trainer(str(tmp_path), epochs=1)
+    rebuilt.model_init = lambda *trial: TinyClassifier(TinyConfig())  # as Trainer sets it
+    before = _frozen(rebuilt.model)
+    with pytest.raises(perfora.ConfigError, match=r"model_init.*Trainer\(model=model_init\(\)\)"):
+        DendriteGrowthCallback().bind(rebuilt)
+    _assert_unchanged(rebuilt.model, before)
+    twice = make_trainer(str(tmp_path), epochs=1)
+    first = DendriteGrowthCallback().bind(twice)
+    with pytest.raises(perfora.OrderError, match="already has a bound DendriteGrowthCallback"):
+        DendriteGrowthCallback().bind(twice)
+    assert [c for c in twice.callback_handler.callbacks
+            if isinstance(c, DendriteGrowthCallback)] == [first]
 
 
 @pytest.mark.parametrize("restore", [True, False])
