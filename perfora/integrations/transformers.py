@@ -55,6 +55,7 @@ from .accelerate import _forget
 
 try:
     from transformers import (
+        EarlyStoppingCallback,
         Trainer,
         TrainerCallback,
         TrainerControl,
@@ -187,6 +188,22 @@ class DendriteGrowthCallback(GrowthCallback, TrainerCallback):
                              "trainer.train()")
         self._warned_missing = False
         self._check_optimizer_covers_model()
+        self._warn_if_early_stopping_comes_first()
+
+    def _warn_if_early_stopping_comes_first(self) -> None:
+        """An EarlyStoppingCallback as patient as growth ends the run at the plateau that
+        would have grown the model."""
+        assert self.trainer is not None and self.config is not None
+        patience = self.config.n_epochs_to_switch
+        for callback in self.trainer.callback_handler.callbacks:
+            if isinstance(callback, EarlyStoppingCallback) and \
+                    callback.early_stopping_patience <= patience:
+                warnings.warn(f"EarlyStoppingCallback(early_stopping_patience="
+                              f"{callback.early_stopping_patience}) stops training at the "
+                              f"plateau where DendriteGrowthCallback (patience {patience}) "
+                              "would grow the model, so nothing may grow: give it more "
+                              "patience than the growth callback, or leave it out (growth "
+                              "completes and stops training itself)", UserWarning, stacklevel=2)
 
     def on_evaluate(self, args: TrainingArguments, state: TrainerState,
                     control: TrainerControl, metrics: Mapping[str, float] | None = None,

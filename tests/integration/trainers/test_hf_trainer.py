@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import shutil
 import sys
+import warnings
 from typing import Any
 
 import pytest
@@ -165,6 +166,23 @@ def test_monitor_defaults_follow_the_trainer_and_a_missing_one_warns(tmp_path):
     DendriteGrowthCallback(monitor="eval_f1").bind(missing)
     with pytest.warns(UserWarning, match=r"eval_f1.*'eval_accuracy', 'eval_loss'"):
         missing.train()
+
+
+def test_an_early_stopping_callback_as_patient_as_growth_warns(tmp_path):
+    from transformers import EarlyStoppingCallback
+
+    stops = make_trainer(str(tmp_path), epochs=1, metric_for_best_model="accuracy")
+    stops.add_callback(EarlyStoppingCallback(early_stopping_patience=3))
+    DendriteGrowthCallback(patience=3, write_files=False).bind(stops)
+    with pytest.warns(UserWarning, match=r"early_stopping_patience=3\) stops.*patience 3"):
+        stops.train()
+    waits = make_trainer(str(tmp_path), epochs=1, metric_for_best_model="accuracy")
+    waits.add_callback(EarlyStoppingCallback(early_stopping_patience=8))
+    DendriteGrowthCallback(patience=3, write_files=False).bind(waits)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        waits.train()
+    assert not [w for w in record if "EarlyStoppingCallback" in str(w.message)]
 
 
 def test_clear_errors_for_setups_it_cannot_grow(tmp_path):
