@@ -43,6 +43,7 @@ from .blocks import (
     is_hf_conv1d,
 )
 from .explicit_pairs import checked_pairs, explicit_entry
+from .fx_reshapes import flattens_from_dim1, is_shape_query
 from .gates import gate_of
 from .known_blocks import known_blocks
 from .layers import DendriticLayer
@@ -408,12 +409,13 @@ def _follow_graph(model: nn.Module, start: torch.fx.Node) -> LayerPlan:
         elif node.op == "call_function" and node.target in _ADDS:
             return refuse(path, f"its output is added to another tensor ({node.name}): a "
                                  "residual connection", by)
-        elif axis == -1 and node.op == "call_function" and (
-                node.target is torch.flatten or node.target in _POOL_FUNCTIONS):
+        elif is_shape_query(node):  # x.size(0), x.shape: no neuron values flow on
+            nxt = []
+        elif axis == -1 and (flattens_from_dim1(node) or node.op == "call_function"
+                             and node.target in (torch.flatten, *_POOL_FUNCTIONS)):
             return refuse(path, _LAST_AXIS.format(
                 node.name, getattr(node.target, "__name__", node.target)), by)
-        elif node.op == "call_function" and node.target is torch.flatten and \
-                tuple(node.args[1:]) in ((1,), ()) and node.kwargs.get("start_dim", 1) == 1:
+        elif flattens_from_dim1(node):  # flatten(1), view(x.size(0), -1), reshape(...)
             nxt = [(user, True) for user in node.users]
         elif node.op == "output":  # its width is the model's: no pairs= can change that
             return refuse(path, "its output is an output of the model (its width is the "

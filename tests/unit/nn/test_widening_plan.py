@@ -371,3 +371,51 @@ def test_a_module_after_the_flatten_that_would_need_splitting_is_refused():
     assert perfora.plan_widening(model).refused["0"] == (
         "its output is flattened and then goes through 3 (SiLU), which a widening splits by "
         "neuron only before a flatten")
+
+
+_HEAD_READS = {
+    "torch.flatten": lambda h: torch.flatten(h, 1),
+    "h.flatten(1)": lambda h: h.flatten(1),
+    "h.flatten(start_dim=1)": lambda h: h.flatten(start_dim=1),
+    "h.view(h.size(0), -1)": lambda h: h.view(h.size(0), -1),
+    "h.reshape(h.shape[0], -1)": lambda h: h.reshape(h.shape[0], -1),
+    "h.view(h.size()[0], -1)": lambda h: h.view(h.size()[0], -1),
+    "torch.reshape(h, (h.shape[0], -1))": lambda h: torch.reshape(h, (h.shape[0], -1)),
+}
+
+
+class _CnnHead(nn.Module):
+    """A CNN whose head reads the last conv through one of the usual flattening idioms."""
+
+    def __init__(self, read) -> None:
+        super().__init__()
+        self.conv1, self.conv2 = nn.Conv2d(1, 4, 3, padding=1), nn.Conv2d(4, 6, 3, padding=1)
+        self.head, self.read = nn.Linear(6 * 4, 3), read
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.max_pool2d(F.relu(self.conv2(F.relu(self.conv1(x)))), 2)
+        return self.head(self.read(h))
+
+
+@pytest.mark.parametrize("idiom", list(_HEAD_READS))
+def test_every_usual_flattening_idiom_before_the_head_lets_the_last_conv_widen(idiom):
+    # x.flatten(1), x.view(x.size(0), -1) and reshape were refused ("flatten (call_method),
+    # which a widening cannot follow"): growth="auto" silently left the last conv alone
+    torch.manual_seed(0)
+    model = perfora.perforate(_CnnHead(_HEAD_READS[idiom])).eval()
+    plan = perfora.plan_widening(model)
+    assert plan.layers["conv2"].consumers == [("head", 4)], plan.refused.get("conv2")
+    x = torch.randn(2, 1, 4, 4)
+    with torch.no_grad():
+        before = model(x)
+    perfora.widen(model, "conv2", 2)
+    with torch.no_grad():
+        assert torch.allclose(model(x), before, atol=1e-6)
+    assert model.head.source.in_features == 8 * 4
+
+
+@pytest.mark.parametrize("read", [lambda h: h.view(-1, 24), lambda h: h.reshape(2, 12, 2),
+                                  lambda h: h.flatten()])
+def test_a_reshape_to_a_fixed_width_or_over_the_batch_is_still_refused(read):
+    plan = perfora.plan_widening(_CnnHead(read))
+    assert "conv2" in plan.refused and "cannot follow" in plan.refused["conv2"]
