@@ -18,6 +18,7 @@ from torch import nn
 
 from ..errors import PerforationError
 from .blocks import BN_TYPES, BlockedBatchNorm, BlockedLayer, Blockwise, is_hf_conv1d, same_layout
+from .generic_widening import cut_generic_inputs, cut_generic_outputs
 from .layers import DendriticLayer
 from .plan_types import WIDTH_EXACT, is_grouped_conv
 
@@ -94,7 +95,9 @@ def _shrink_dendritic_producer(layer: DendriticLayer, k: int, path: str) -> None
     if kd == 0:
         return
     with torch.no_grad():
-        if layer.dendrite_mask is None:
+        if layer.kind == "generic":
+            cut_generic_outputs(layer, keep)
+        elif layer.dendrite_mask is None:
             rows = layer.bank_weight.detach().split(n)
             layer.bank_weight = layer._new_param(
                 torch.cat([r.narrow(0, 0, keep) for r in rows]).clone(), "bank")
@@ -166,7 +169,9 @@ def _shrink_consumer(module: nn.Module, extra: int, path: str) -> None:
             if module.has_candidate:
                 module.merge_candidate()
             bank = getattr(module, "bank_weight", None)
-            if bank is not None:
+            if module.kind == "generic" and module.num_dendrites:
+                cut_generic_inputs(module, core.weight.shape[in_dim])
+            elif bank is not None:
                 _cut_param(module, "bank_weight", 1, bank.shape[1] - extra,
                            lambda d: module._new_param(d, "bank"))
     for attr in ("in_features", "in_channels"):

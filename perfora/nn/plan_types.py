@@ -74,11 +74,10 @@ class WideningPlan:
 
 def is_producer(module: nn.Module) -> bool:
     """A layer that can gain output neurons: Linear, Conv (groups=1), HF Conv1D, or a
-    Linear/Conv dendritic layer."""
+    dendritic layer over one of them."""
     if isinstance(module, DendriticLayer):
-        if module.kind == "generic":  # e.g. GPT-2's Conv1D: widenable while it has no sets
-            return module.num_dendrites == 0 and (isinstance(module.source, nn.Linear)
-                                                  or is_hf_conv1d(module.source))
+        if module.kind == "generic":  # e.g. GPT-2's Conv1D, with its sets (generic_widening)
+            return isinstance(module.source, nn.Linear) or is_hf_conv1d(module.source)
         return module.kind in ("linear", "conv") and module._groups() == 1
     if isinstance(module, CONV_TYPES):
         return module.groups == 1

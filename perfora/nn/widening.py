@@ -31,6 +31,7 @@ from torch import nn
 from ..errors import PerforationError
 from .blocks import BN_TYPES, CONV_TYPES, Blockwise, is_hf_conv1d, make_blocked, same_layout
 from .consumers import LayerPlan, plan_widening
+from .generic_widening import grow_generic_inputs, grow_generic_outputs
 from .layers import DendriticLayer, dendritic_layers, unwrap_model
 from .narrowing import change_neuron_count, narrow_widenings
 from .plan_types import WIDTH_EXACT, is_grouped_conv
@@ -164,10 +165,6 @@ def _out_dim(core: nn.Module) -> int:
 
 def _check_init(module: nn.Module, init: torch.Tensor | None, k: int, path: str) -> None:
     core = _core(module)
-    if isinstance(module, DendriticLayer) and module.kind == "generic" \
-            and module.num_dendrites:
-        raise PerforationError(f"{path}: a generic dendritic layer cannot be widened once it "
-                               "holds dendrites")
     if not (isinstance(core, (nn.Linear, *CONV_TYPES)) or is_hf_conv1d(core)):
         raise PerforationError(f"{path}: a {type(core).__name__} cannot be widened")
     if getattr(core, "groups", 1) != 1:
@@ -254,7 +251,10 @@ def _widen_dendritic_producer(layer: DendriticLayer, k: int,
     if kd == 0:
         return
     with torch.no_grad():
-        if layer.dendrite_mask is None:
+        if layer.kind == "generic":  # GPT-2's Conv1D: a bank per parameter
+            grow_generic_outputs(layer, [_fresh_rows(layer.source, k, None, generator)
+                                         for _ in range(kd)])
+        elif layer.dendrite_mask is None:
             rows = [_fresh_rows(layer.source, k, None, generator) for _ in range(kd)]
             w = layer.bank_weight.detach().split(n)
             layer.bank_weight = layer._new_param(
@@ -316,10 +316,6 @@ def widen_consumer(module: nn.Module, extra: int) -> None:
     """``extra`` zero input columns, appended, on a Linear/Conv/Conv1D or a DendriticLayer
     over one (in its base and in its dendrite bank)."""
     core = _core(module)
-    if isinstance(module, DendriticLayer) and module.kind == "generic" \
-            and module.num_dendrites:
-        raise PerforationError("a generic dendritic layer cannot gain input columns once it "
-                               "holds dendrites")
     outs, ins = _blocks_of(core)
     in_dim = 0 if is_hf_conv1d(core) else 1
     w = core.weight
@@ -330,7 +326,9 @@ def widen_consumer(module: nn.Module, extra: int) -> None:
         if isinstance(module, DendriticLayer):
             if module.has_candidate:
                 module.merge_candidate()
-            if getattr(module, "bank_weight", None) is not None:
+            if module.kind == "generic" and module.num_dendrites:
+                grow_generic_inputs(module, extra)
+            elif getattr(module, "bank_weight", None) is not None:
                 bank = module.bank_weight
                 pad = list(bank.shape)
                 pad[1] = extra
