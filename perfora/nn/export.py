@@ -22,6 +22,7 @@ from torch import nn
 
 from ..errors import ExportError
 from .blocks import plain_modules
+from .export_config import grown_widths, update_exported_config
 from .layers import DendriticLayer, dendritic_layers, unwrap_model
 from .plain_keys import remove_plain_key_hook
 from .widening import remove_width_hook
@@ -34,7 +35,10 @@ def export(model: nn.Module) -> nn.Module:
 
     The copy computes the same outputs (within float rounding: the dendrites run as one
     GEMM), holds no perfora class, and keeps the training-only state (candidates, masks,
-    optimizer hooks) out. The original model is not changed."""
+    optimizer hooks) out. The original model is not changed. A Hugging Face model's config
+    (a copy) takes the feed-forward width its layers grew to (``intermediate_size``,
+    ``n_inner``, ``d_ff``), so ``save_pretrained`` and ``from_pretrained`` round-trip; where
+    layers grew to different widths no config can say so, and ``export`` warns."""
     inner = unwrap_model(model)
     exported = plain_modules(copy.deepcopy(inner))  # widened layers: one plain call each
     for path, layer in sorted(dendritic_layers(exported).items(), key=lambda kv: -len(kv[0])):
@@ -47,6 +51,7 @@ def export(model: nn.Module) -> nn.Module:
     _restore_plain_attention(exported)
     remove_width_hook(exported)
     remove_plain_key_hook(exported)
+    update_exported_config(exported, grown_widths(inner))
     return exported.eval()
 
 

@@ -1,0 +1,94 @@
+"""The config of an exported Hugging Face model after neuron growth: the feed-forward width it
+names (Llama's and BERT's ``intermediate_size``, GPT-2's ``n_inner``, T5's ``d_ff``) is set to
+the grown width, so ``save_pretrained`` then ``from_pretrained`` builds layers of the saved
+shapes. Where one number cannot describe the model (layers of different widths), the export
+warns, naming the layers and what to do instead.
+
+Duck-typed: a model with a ``config`` that has ``to_dict`` and a class with
+``from_pretrained``; transformers is not imported here.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..warn import warn_user
+from .plan_types import width_of
+
+FFN_WIDTH_KEYS = ("intermediate_size", "n_inner", "d_ff", "ffn_dim", "ffn_hidden_size",
+                  "dim_feedforward", "hidden_dim", "mlp_dim")
+"""Config fields that name a transformer's feed-forward width, in the order they are tried."""
+
+
+def grown_widths(model: nn.Module) -> dict[str, tuple[int, int]]:
+    """Each layer that gained neurons, path -> (the width it started with, its width now),
+    from the widenings recorded on the producers (a partner, Llama's up_proj, widens with
+    its producer: a widening of either counts for both)."""
+    added: dict[str, int] = {}
+    for path, module in model.named_modules():
+        for event in getattr(module, "widenings", None) or []:
+            for target in [path, *event.get("partners", [])]:
+                added[target] = added.get(target, 0) + int(event["k"])
+    out = {}
+    for path, k in added.items():
+        now = width_of(model.get_submodule(path), "out")
+        out[path] = (now - k, now)
+    return out
+
+
+def _config_width(config: Any, key: str) -> int | None:
+    value = getattr(config, key, None)
+    if key == "n_inner" and value is None and hasattr(config, "n_embd"):
+        return 4 * int(config.n_embd)  # GPT-2: None means four times the model width
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def update_exported_config(exported: nn.Module, grown: dict[str, tuple[int, int]]) -> None:
+    """Set the exported model's feed-forward width in its (copied) config to the width its
+    layers grew to; warn where that cannot describe them (see the module docstring)."""
+    config = getattr(exported, "config", None)
+    if not grown or config is None or not hasattr(config, "to_dict") \
+            or not hasattr(type(exported), "from_pretrained"):
+        return
+    starts = {before for before, _ in grown.values()}
+    widths = {now for _, now in grown.values()}
+    key = next((k for k in FFN_WIDTH_KEYS if _config_width(config, k) in starts), None)
+    old = getattr(config, key) if key is not None else None
+    if key is not None and len(widths) == 1:
+        setattr(config, key, next(iter(widths)))
+    mismatched = _mismatched_shapes(exported)
+    if not mismatched:
+        return
+    if key is not None:
+        setattr(config, key, old)  # one width would not describe them: left as it was
+    layers = ", ".join(f"{path}: {before} -> {now}" for path, (before, now) in
+                       sorted(grown.items()))
+    named = (f"config.{key} holds one width for all of them" if key else
+             f"its config names none of their widths (looked for {', '.join(FFN_WIDTH_KEYS)})")
+    warn_user(
+        f"perfora.export: the grown layers' widths ({layers}) cannot be written into "
+        f"{type(config).__name__}: {named}, so a model built from the exported config has "
+        f"other shapes ({', '.join(mismatched[:4])}). save_pretrained would write a folder "
+        "that from_pretrained cannot load. Save the exported model's state dict "
+        "(safetensors) and load it into a model you build and widen alike, or keep the "
+        "perforated model and use perfora.save_model/load_model (or load_grown_pretrained); "
+        "growth that widens every layer alike (growth='neurons' or 'auto' on a model whose "
+        "blocks all gain neurons) gives a config that loads")
+
+
+def _mismatched_shapes(exported: nn.Module) -> list[str]:
+    """The state keys whose shapes differ between ``exported`` and a model of its class built
+    (on the meta device, no memory) from its config; [] when that cannot be built."""
+    try:
+        with torch.device("meta"):
+            fresh = type(exported)(copy.deepcopy(exported.config))
+    except Exception:  # noqa: BLE001 - a class that cannot be built so: nothing to check
+        return []
+    want = {k: tuple(v.shape) for k, v in fresh.state_dict().items()}
+    return [f"{k}: {want[k]} built, {tuple(v.shape)} exported"
+            for k, v in exported.state_dict().items() if k in want
+            and want[k] != tuple(v.shape)]
