@@ -42,12 +42,18 @@ def move_scheduler(scheduler: Any, optimizer: torch.optim.Optimizer) -> Any:
                           f"and the new one {len(inner.param_groups)}: a scheduler keeps one "
                           "rate per group, so it can only move to an optimizer built the same "
                           "way (decision.optimizer, from the registered recipe)")
-    for before, after in zip(old.param_groups, inner.param_groups, strict=True):
+    carry_group_settings(old, inner)
+    _point_at(scheduler, inner)
+    return scheduler
+
+
+def carry_group_settings(old: torch.optim.Optimizer, new: torch.optim.Optimizer) -> None:
+    """Give each of ``new``'s param groups its twin's settings in ``old`` (``lr``,
+    ``initial_lr``, a cyclic schedule's ``max_lr``...): all but the parameters."""
+    for before, after in zip(old.param_groups, new.param_groups, strict=True):
         for key, value in before.items():
             if key not in _NOT_CARRIED:
                 after[key] = value
-    _point_at(scheduler, inner)
-    return scheduler
 
 
 def _point_at(scheduler: Any, optimizer: torch.optim.Optimizer) -> None:

@@ -11,7 +11,6 @@ restores the best model and stops the fit. Lightning is an optional dependency
 
 from __future__ import annotations
 
-import pickle
 import re
 import warnings
 from collections.abc import Mapping
@@ -22,11 +21,11 @@ import torch
 from torch import nn
 
 from ..config import PerforaConfig
-from ..errors import CheckpointError, ConfigError, PerforaError, require_bool
+from ..errors import ConfigError, PerforaError, require_bool
 from ..growth import GrowthController
 from ..growth.state import CONTINUE, Decision
 from ..nn.layers import dendritic_layers
-from ..nn.perforation import layer_specs
+from ..nn.perforation import fit_structure, layer_specs
 from ..parallel.sharded_state import is_fsdp1
 from ._common import (
     PHASE_CODES,
@@ -37,6 +36,15 @@ from ._common import (
     did_you_mean,
     read_score,
 )
+from .lightning_support import (
+    callback_entry,
+    prime_optimizer_state,
+    reinitialize_deepspeed,
+    saved_callback_state,
+    strategy_schedulers,
+    zero_stage,
+)
+from .schedule_carry import capture_schedule, restore_schedule
 
 try:  # the unified package first, then the standalone one
     import lightning.pytorch as pl
@@ -120,6 +128,7 @@ class DendriteGrowth(GrowthCallback, Callback):
         self._pending: dict[str, Any] | None = None
         self._validations = 0  # validation ends seen in this fit (sanity check excluded)
         self._warned_no_metric = False
+        self._stage = "fit"  # the Trainer stage setup last saw (fit, validate, test, predict)
 
     # ------------------------------------------------------------------ the model
     @property
@@ -143,7 +152,9 @@ class DendriteGrowth(GrowthCallback, Callback):
 
     # ------------------------------------------------------------------ hooks
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        if stage != "fit":
+        self._stage = stage
+        if stage != "fit":  # test/validate/predict(ckpt_path=...): the saved structure first
+            self._take_saved_structure_on_load(trainer, pl_module)
             return
         if sum(isinstance(c, DendriteGrowth) for c in trainer.callbacks) > 1:
             raise ConfigError("the Trainer has more than one DendriteGrowth callback: each "
@@ -167,6 +178,37 @@ class DendriteGrowth(GrowthCallback, Callback):
         self.controller = None
         if isinstance(strategy, ModelParallelStrategy | DeepSpeedStrategy | FSDPStrategy):
             self._regrow_before_checkpoint_load(trainer, pl_module)
+        else:
+            self._take_saved_structure_on_load(trainer, pl_module)
+
+    def _take_saved_structure_on_load(self, trainer: pl.Trainer,
+                                      pl_module: pl.LightningModule) -> None:
+        """Before Lightning loads a checkpoint's weights (``ckpt_path=``), give the model the
+        dendrites and neuron widths saved with them: a checkpoint from before a growth step
+        (``ckpt_path="best"``) then loads into the grown model, and any checkpoint into a
+        freshly built one. (Sharded strategies: :meth:`_regrow_before_checkpoint_load`.)"""
+        strategy = trainer.strategy
+        load = strategy.load_model_state_dict
+        if getattr(load, "perfora_structure_first", False):
+            return  # installed by an earlier stage of this Trainer
+
+        def load_model_state_dict(checkpoint: Mapping[str, Any], *args: Any,
+                                  **kwargs: Any) -> Any:
+            saved = callback_entry(checkpoint.get("callbacks") or {}, self.state_key)
+            structure = (saved or {}).get("structure")
+            if structure is not None and self.module_path is not None \
+                    and saved.get("module", self.module_path) != self.module_path:
+                raise ConfigError(
+                    f"the checkpoint grew module {saved.get('module')!r}, this "
+                    f"DendriteGrowth(module={self.module_path!r}); pass the same module=")
+            if structure is not None:
+                target = self.target(pl_module)
+                if layer_specs(target) != structure:
+                    fit_structure(target, structure, "the checkpoint's dendrite structure")
+            return load(checkpoint, *args, **kwargs)
+
+        load_model_state_dict.perfora_structure_first = True
+        strategy.load_model_state_dict = load_model_state_dict  # this Trainer's strategy only
 
     def _regrow_before_checkpoint_load(self, trainer: pl.Trainer,
                                        pl_module: pl.LightningModule) -> None:
@@ -197,7 +239,7 @@ class DendriteGrowth(GrowthCallback, Callback):
                 "perfora.wrap_fsdp1(self.<module>, device_id=self.trainer.strategy."
                 "root_device) and pass DendriteGrowth(module='<module>'); or use FSDP2 "
                 "(ModelParallelStrategy with perfora.shard_fsdp2)")
-        if isinstance(strategy, DeepSpeedStrategy) and _zero_stage(strategy) == 3:
+        if isinstance(strategy, DeepSpeedStrategy) and zero_stage(strategy) == 3:
             raise PerforaError(
                 "Lightning's DeepSpeedStrategy with ZeRO stage 3 builds the engine itself, "
                 "so perfora cannot rebuild it after adding dendrites. For ZeRO-3 growth train "
@@ -309,13 +351,16 @@ class DendriteGrowth(GrowthCallback, Callback):
     def _rebuild(self, trainer: pl.Trainer) -> None:
         """New DDP wrapper over the new parameters, then configure_optimizers() again."""
         strategy = trainer.strategy
+        schedule = capture_schedule(strategy.optimizers, strategy_schedulers(strategy))
         if isinstance(strategy, DeepSpeedStrategy):
-            _reinitialize_deepspeed(strategy)
+            reinitialize_deepspeed(strategy)
+            restore_schedule(schedule, strategy.optimizers, strategy_schedulers(strategy))
             return
         if isinstance(strategy, DDPStrategy):
             strategy.model = strategy.lightning_module  # drop the old wrapper's buckets
             strategy.configure_ddp()
         strategy.setup_optimizers(trainer)
+        restore_schedule(schedule, strategy.optimizers, strategy_schedulers(strategy))
         if isinstance(strategy, ModelParallelStrategy | FSDPStrategy):
             for optimizer in strategy.optimizers:
                 prime_optimizer_state(optimizer)
@@ -338,12 +383,15 @@ class DendriteGrowth(GrowthCallback, Callback):
         state, best = controller_state(self.controller)
         if best is not None:
             state["best"] = best
+        state["module"] = self.module_path
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore from a Lightning checkpoint (the weights were already loaded)."""
         if not state_dict:
             return
+        if self._stage != "fit":
+            return  # test/validate/predict(ckpt_path=...) load weights; the fit's run goes on
         if self.controller is not None:
             self._restore(state_dict)
             return
@@ -364,80 +412,3 @@ class DendriteGrowth(GrowthCallback, Callback):
                 f"the model's {dendrite_counts(have)}; resume with the same LightningModule and "
                 "DendriteGrowth(module=...) as the run that saved it")
         self.controller.load_state(state, state.get("best"))
-
-
-def prime_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
-    """Create a fresh optimizer's state as if it had never stepped (step counts at 0).
-
-    Saving a checkpoint under FSDP2 (``get_optimizer_state_dict``) initializes an empty
-    optimizer by stepping it once with zero gradients, which leaves Adam's step count at 1
-    and shrinks its first real update to 0.74 of the learning rate. After every restructure
-    a new optimizer is empty, so perfora initializes it here and resets the step counts:
-    the first real update is then the same as a fresh optimizer's."""
-    if optimizer.state:
-        return
-    params = [p for group in optimizer.param_groups for p in group["params"]
-              if p.requires_grad]
-    if not params or any(p.grad is not None for p in params):
-        return
-    lrs = [group.get("lr") for group in optimizer.param_groups]
-    for p in params:
-        p.grad = torch.zeros_like(p)
-    for group in optimizer.param_groups:
-        if "lr" in group:
-            group["lr"] = torch.tensor(0.0) if isinstance(group["lr"], torch.Tensor) else 0.0
-    optimizer.step()
-    for group, lr in zip(optimizer.param_groups, lrs):
-        if lr is not None:
-            group["lr"] = lr
-    optimizer.zero_grad(set_to_none=True)
-    for state in optimizer.state.values():
-        step = state.get("step")
-        if isinstance(step, torch.Tensor):
-            state["step"] = torch.zeros_like(step)
-        elif step is not None:
-            state["step"] = 0
-
-
-def _zero_stage(strategy: Any) -> int:
-    config = strategy.config if isinstance(getattr(strategy, "config", None), dict) else {}
-    return int((config.get("zero_optimization") or {}).get("stage", 0))
-
-
-def _reinitialize_deepspeed(strategy: Any) -> None:
-    """A new DeepSpeed engine (ZeRO 0-2) over the grown module and a new optimizer.
-
-    The old engine's gradient hooks are removed first (``engine.destroy()``), then
-    Lightning's own training initialization runs again: ``configure_optimizers`` and
-    ``deepspeed.initialize``. (Not ``init_deepspeed``: during validation it would build an
-    inference engine.)"""
-    engine = strategy.model
-    destroy = getattr(engine, "destroy", None)
-    if callable(destroy):
-        destroy()
-    strategy.model = strategy.lightning_module
-    strategy._initialize_deepspeed_train(strategy.model)
-
-
-def saved_callback_state(path: Path, key: str) -> dict[str, Any] | None:
-    """This callback's entry in a Lightning checkpoint: one file, a distributed checkpoint
-    folder (``meta.pt`` holds everything but the shards) or a DeepSpeed folder.
-
-    Read with ``torch.load(weights_only=True)``, as Lightning itself reads a checkpoint by
-    default: tensors and plain containers only, never code. A checkpoint holding other
-    objects raises CheckpointError."""
-    source = path
-    if path.is_dir():
-        deepspeed_files = sorted((path / "checkpoint").glob("mp_rank_*_model_states.pt"))
-        source = deepspeed_files[0] if deepspeed_files else path / "meta.pt"
-    if not source.exists():
-        return None
-    try:
-        checkpoint = torch.load(source, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as exc:
-        raise CheckpointError(
-            f"{source}: perfora reads the dendrite structure from a Lightning checkpoint "
-            "with torch.load(weights_only=True) and never unpickles code, but this one holds "
-            "other objects. Register classes you trust with "
-            f"torch.serialization.add_safe_globals([...]) before fit. ({exc})") from None
-    return checkpoint.get("callbacks", {}).get(key)

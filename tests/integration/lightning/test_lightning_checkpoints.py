@@ -1,0 +1,91 @@
+"""Lightning checkpoints taken at another structure than the model's: ``trainer.test``,
+``validate`` and ``predict`` with ``ckpt_path=`` load a checkpoint from before a growth step
+into the grown model (and any checkpoint into a fresh one), and leave the fit's growth run
+as it was."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from perfora.integrations.lightning import DendriteGrowth
+from tests.support.paths import SCRIPTS
+
+sys.path.insert(0, str(SCRIPTS / "lightning"))
+from run_digits import DigitsNet, digits_loaders  # noqa: E402
+
+pytestmark = pytest.mark.xdist_group("test_lightning_checkpoints")
+
+
+class _Evaluated(DigitsNet):
+    """DigitsNet with a test and a predict step."""
+
+    def test_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("test_acc", (self(x).argmax(-1) == y).float().mean())
+
+    def predict_step(self, batch, batch_idx):
+        return self(batch[0])
+
+
+def _fit(tmp_path: Path, growth: str) -> tuple[_Evaluated, DendriteGrowth, pl.Trainer]:
+    torch.manual_seed(0)
+    model = _Evaluated()
+    callback = DendriteGrowth(monitor="val_acc", mode="max", module="net", growth=growth,
+                              switch_mode="fixed", fixed_switch_num=2, max_dendrites=3,
+                              max_neuron_steps=3)
+    every_epoch = ModelCheckpoint(dirpath=tmp_path / "ckpt", filename="{epoch}", save_top_k=-1)
+    trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=3, logger=False,
+                         callbacks=[callback, every_epoch], enable_progress_bar=False,
+                         enable_model_summary=False, default_root_dir=str(tmp_path))
+    train, val = digits_loaders(100)
+    trainer.fit(model, train, val)
+    return model, callback, trainer
+
+
+def _rows(path: Path) -> int:
+    return len(path.read_text().splitlines())
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("growth", ["dendrites", "neurons"])
+def test_test_validate_and_predict_load_a_checkpoint_from_before_the_growth_step(
+        tmp_path, growth):
+    # they failed with "size mismatch for net.0.base.weight", and the test rewound the
+    # fit's growth run (controller epoch, metrics.csv) to the checkpoint's epoch
+    model, callback, trainer = _fit(tmp_path, growth)
+    ctl = callback.controller
+    grown = {k: v.shape for k, v in model.state_dict().items()}
+    before_growth = tmp_path / "ckpt" / "epoch=0.ckpt"
+    saved = torch.load(before_growth, weights_only=True)["state_dict"]
+    assert {k: v.shape for k, v in saved.items()} != grown  # it really is another structure
+    run = (ctl.epoch, ctl.num_dendrites, ctl.completed, _rows(tmp_path / "perfora" /
+                                                                "metrics.csv"))
+    _, val = digits_loaders(100)
+
+    result = trainer.test(model, val, ckpt_path=str(before_growth), verbose=False)
+    state = model.state_dict()
+    assert state.keys() == saved.keys()
+    assert all(torch.equal(state[k], v) for k, v in saved.items())
+    assert (ctl.epoch, ctl.num_dendrites, ctl.completed,
+            _rows(tmp_path / "perfora" / "metrics.csv")) == run
+
+    fresh = _Evaluated()  # not perforated: it takes the checkpoint's structure too
+    fresh_trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False,
+                               callbacks=[DendriteGrowth(monitor="val_acc", mode="max",
+                                                         module="net")],
+                               enable_progress_bar=False, enable_model_summary=False,
+                               default_root_dir=str(tmp_path / "fresh"))
+    assert fresh_trainer.test(fresh, val, ckpt_path=str(before_growth),
+                              verbose=False) == result
+    last = tmp_path / "ckpt" / "epoch=2.ckpt"
+    predicted = torch.cat(fresh_trainer.predict(fresh, val, ckpt_path=str(last)))
+    assert {k: v.shape for k, v in fresh.state_dict().items()} == grown
+    trainer.validate(model, val, ckpt_path=str(last), verbose=False)  # back to the end
+    with torch.no_grad():
+        assert torch.equal(torch.cat([model(x) for x, _ in val]), predicted)
