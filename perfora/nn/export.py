@@ -25,6 +25,7 @@ from .blocks import plain_modules
 from .export_config import grown_widths, update_exported_config
 from .layers import DendriticLayer, dendritic_layers, unwrap_model
 from .plain_keys import remove_plain_key_hook
+from .resize_head import remove_resize_hook
 from .widening import remove_width_hook
 
 _ACTIVATION_FUNCTIONS = {"sigmoid": torch.sigmoid, "tanh": torch.tanh, "relu": F.relu}
@@ -51,6 +52,7 @@ def export(model: nn.Module) -> nn.Module:
     _restore_plain_attention(exported)
     remove_width_hook(exported)
     remove_plain_key_hook(exported)
+    remove_resize_hook(exported)
     update_exported_config(exported, grown_widths(inner))
     return exported.eval()
 

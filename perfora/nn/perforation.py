@@ -21,6 +21,7 @@ from .attention import is_attention_projection, route_wrapped_layers
 from .layers import DendriticLayer, bank_kind, dendritic_layers, unwrap_model
 from .plain_keys import add_plain_key_hook
 from .refusals import RECURRENT, recurrent_error, refuse_unsupported
+from .resize_head import add_resize_hook
 from .selectors import check_consistent, module_types, string_list
 from .tied import rename_tied_keys, tie_reason, tied_modules
 from .widening import add_width_hook, replay_widenings
@@ -195,6 +196,7 @@ def perforate(
     route_wrapped_layers(inner)
     add_width_hook(inner)  # a state dict of wider layers widens them first, then loads
     add_plain_key_hook(inner)  # a plain model's checkpoint loads too (grouped norms' keys)
+    add_resize_hook(inner)  # resize_token_embeddings resizes a wrapped lm_head's dendrites
     report = describe(model)
     report.skipped = skipped
     if verbose:
