@@ -48,7 +48,7 @@ from .schedule_carry import capture_schedule, restore_schedule
 
 try:  # the unified package first, then the standalone one
     import lightning.pytorch as pl
-    from lightning.pytorch.callbacks import Callback
+    from lightning.pytorch.callbacks import Callback, EarlyStopping
     from lightning.pytorch.strategies import (
         DDPStrategy,
         DeepSpeedStrategy,
@@ -62,7 +62,7 @@ try:  # the unified package first, then the standalone one
 except ImportError:  # pragma: no cover - depends on what is installed
     try:
         import pytorch_lightning as pl
-        from pytorch_lightning.callbacks import Callback
+        from pytorch_lightning.callbacks import Callback, EarlyStopping
         from pytorch_lightning.strategies import (
             DDPStrategy,
             DeepSpeedStrategy,
@@ -162,6 +162,7 @@ class DendriteGrowth(GrowthCallback, Callback):
         self._validations, self._warned_no_metric = 0, False
         if trainer.is_global_zero:
             self._warn_if_direction_looks_wrong()
+            warn_if_early_stopping_comes_first(trainer.callbacks, self.config.n_epochs_to_switch)
         strategy = trainer.strategy
         self._check_strategy(strategy)
         grown_here = not dendritic_layers(self.target(pl_module))
@@ -274,11 +275,11 @@ class DendriteGrowth(GrowthCallback, Callback):
         self._ensure_controller(trainer, pl_module)
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if trainer.sanity_checking or self.controller is None or self.controller.completed:
+        if trainer.sanity_checking or self.controller is None or trainer.state.fn != "fit":
             return
-        if trainer.state.fn != "fit":
+        self._validations += 1  # also after completion: the metric was there to read
+        if self.controller.completed:
             return
-        self._validations += 1
         score = self._read_monitor(trainer)
         decision = self._step(score, pl_module,
                               trainer.optimizers[0] if trainer.optimizers else None)
@@ -412,3 +413,16 @@ class DendriteGrowth(GrowthCallback, Callback):
                 f"the model's {dendrite_counts(have)}; resume with the same LightningModule and "
                 "DendriteGrowth(module=...) as the run that saved it")
         self.controller.load_state(state, state.get("best"))
+
+
+def warn_if_early_stopping_comes_first(callbacks: list[Any], patience: int) -> None:
+    """An EarlyStopping as patient as growth ends the fit at the plateau that would have
+    grown the model."""
+    for callback in callbacks:
+        if isinstance(callback, EarlyStopping) and callback.patience <= patience:
+            warnings.warn(f"EarlyStopping(monitor={callback.monitor!r}, patience="
+                          f"{callback.patience}) stops the fit at the plateau where "
+                          f"DendriteGrowth (patience {patience}) would grow the model, so "
+                          "nothing may grow: give it more patience than the growth callback, "
+                          "or leave it out (growth completes and stops the fit itself)",
+                          UserWarning, stacklevel=3)

@@ -28,15 +28,17 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def fit(tmp_path: Path, growth: DendriteGrowth, val: bool = True, max_epochs: int = 1,
-        **kw) -> pl.Trainer:
+        extra: list[pl.Callback] = (), ckpt_path: str | None = None, **kw) -> pl.Trainer:
     """One short single-device CPU fit of the digits MLP (about a second per epoch)."""
     torch.manual_seed(0)
     trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=max_epochs, logger=False,
-                         enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, num_sanity_val_steps=0,
-                         default_root_dir=str(tmp_path), callbacks=[growth], **kw)
+                         enable_checkpointing=any(isinstance(c, pl.callbacks.ModelCheckpoint)
+                                                  for c in extra),
+                         enable_progress_bar=False, enable_model_summary=False,
+                         num_sanity_val_steps=0, default_root_dir=str(tmp_path),
+                         callbacks=[growth, *extra], **kw)
     train, val_loader = digits_loaders(200)
-    trainer.fit(DigitsNet(), train, val_loader if val else None)
+    trainer.fit(DigitsNet(), train, val_loader if val else None, ckpt_path=ckpt_path)
     return trainer
 
 
@@ -132,3 +134,42 @@ def test_each_growth_step_and_the_completion_are_announced(tmp_path, verbose, ru
     assert ("phase_change" in [row["event"] for row in said]) == (rule == "correlation")
     assert ours[0] == f"DendriteGrowth: epoch 0: {said[0]['reason']}"
     assert "added dendrite set 1" in ours[0] and said[-1]["event"] == "complete"
+
+
+@pytest.mark.parametrize("patience,warns", [(2, True), (3, False)])
+def test_an_early_stopping_no_more_patient_than_growth_warns_at_setup(tmp_path, patience,
+                                                                      warns):
+    # it stopped the fit at the plateau that would have grown the model, silently
+    from lightning.pytorch.callbacks import EarlyStopping
+
+    growth = DendriteGrowth(monitor="val_acc", mode="max", module="net", patience=2)
+    stopper = EarlyStopping(monitor="val_acc", mode="max", patience=patience)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        fit(tmp_path, growth, extra=[stopper])
+    said = [str(w.message) for w in record if "EarlyStopping(monitor=" in str(w.message)]
+    assert said == ([f"EarlyStopping(monitor='val_acc', patience={patience}) stops the fit at "
+                     "the plateau where DendriteGrowth (patience 2) would grow the model, so "
+                     "nothing may grow: give it more patience than the growth callback, or "
+                     "leave it out (growth completes and stops the fit itself)"]
+                    if warns else [])
+
+
+def test_resuming_a_completed_run_with_more_epochs_does_not_warn_that_no_validation_ran(
+        tmp_path):
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    def settings() -> DendriteGrowth:
+        return DendriteGrowth(monitor="val_acc", mode="max", module="net", switch_mode="fixed",
+                              fixed_switch_num=1, max_dendrites=1, growth="dendrites")
+
+    first = settings()
+    last = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)
+    done = fit(tmp_path, first, max_epochs=10, extra=[last])
+    assert first.controller.completed and done.current_epoch < 10
+    again = settings()
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        fit(tmp_path, again, max_epochs=done.current_epoch + 2,
+            ckpt_path=str(tmp_path / "ckpt" / "last.ckpt"))
+    assert again.controller.completed and ours(record) == []
