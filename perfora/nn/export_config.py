@@ -65,19 +65,21 @@ def update_exported_config(exported: nn.Module, grown: dict[str, tuple[int, int]
         return
     if key is not None:
         setattr(config, key, old)  # one width would not describe them: left as it was
-    layers = ", ".join(f"{path}: {before} -> {now}" for path, (before, now) in
-                       sorted(grown.items()))
-    named = (f"config.{key} holds one width for all of them" if key else
-             f"its config names none of their widths (looked for {', '.join(FFN_WIDTH_KEYS)})")
+    items = sorted(grown.items())
+    layers = ", ".join(f"{path}: {before} -> {now}" for path, (before, now) in items[:4])
+    layers += f" and {len(items) - 4} more" if len(items) > 4 else ""
+    if key is not None:
+        named = (f"config.{key} holds one width for all of them; growth that widens every "
+                 "block alike gives a config that loads")
+    else:
+        named = f"its config names no such width (looked for {', '.join(FFN_WIDTH_KEYS)})"
     warn_user(
         f"perfora.export: the grown layers' widths ({layers}) cannot be written into "
-        f"{type(config).__name__}: {named}, so a model built from the exported config has "
-        f"other shapes ({', '.join(mismatched[:4])}). save_pretrained would write a folder "
-        "that from_pretrained cannot load. Save the exported model's state dict "
+        f"{type(config).__name__}: {named}. A model built from the exported config has "
+        f"other shapes ({', '.join(mismatched[:2])}), so save_pretrained would write a "
+        "folder that from_pretrained cannot load. Save the exported model's state dict "
         "(safetensors) and load it into a model you build and widen alike, or keep the "
-        "perforated model and use perfora.save_model/load_model (or load_grown_pretrained); "
-        "growth that widens every layer alike (growth='neurons' or 'auto' on a model whose "
-        "blocks all gain neurons) gives a config that loads")
+        "perforated model and use perfora.save_model/load_model (or load_grown_pretrained)")
 
 
 def _mismatched_shapes(exported: nn.Module) -> list[str]:
