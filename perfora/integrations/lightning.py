@@ -38,6 +38,7 @@ from ._common import (
 )
 from .lightning_support import (
     callback_entry,
+    load_grown_checkpoint,
     prime_optimizer_state,
     reinitialize_deepspeed,
     saved_callback_state,
@@ -77,7 +78,7 @@ except ImportError:  # pragma: no cover - depends on what is installed
         raise ImportError('perfora.integrations.lightning needs PyTorch Lightning: pip install '
                           '"perfora[lightning]" (or lightning>=2.2)') from exc
 
-__all__ = ["DendriteGrowth", "PHASE_CODES"]
+__all__ = ["DendriteGrowth", "PHASE_CODES", "load_grown_checkpoint"]
 
 LOWER_IS_BETTER = re.compile(r"loss|err|mse|mae|nll|perplex|ppl", re.I)
 HIGHER_IS_BETTER = re.compile(r"acc|f1|auc|precision|recall|bleu", re.I)

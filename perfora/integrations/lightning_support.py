@@ -1,10 +1,12 @@
 """Helpers of the Lightning callback that need no Lightning import: the fresh optimizer's
-primed state (FSDP2), the strategy's schedulers, DeepSpeed's re-initialization, and this
-callback's entry in a saved checkpoint."""
+primed state (FSDP2), the strategy's schedulers, DeepSpeed's re-initialization, this
+callback's entry in a saved checkpoint, and :func:`load_grown_checkpoint`."""
 
 from __future__ import annotations
 
+import io
 import pickle
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -12,6 +14,7 @@ from typing import Any
 import torch
 
 from ..errors import CheckpointError
+from ..nn.perforation import fit_structure
 
 
 def prime_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
@@ -103,3 +106,44 @@ def saved_callback_state(path: Path, key: str) -> dict[str, Any] | None:
             "other objects. Register classes you trust with "
             f"torch.serialization.add_safe_globals([...]) before fit. ({exc})") from None
     return checkpoint.get("callbacks", {}).get(key)
+
+
+def load_grown_checkpoint(module_class: type, checkpoint_path: str | Path, *,
+                          map_location: Any = None, **kwargs: Any) -> Any:
+    """``module_class.load_from_checkpoint`` for a checkpoint of a fit that grew.
+
+    Lightning's own ``load_from_checkpoint`` builds the module as ``__init__`` does, without
+    the dendrites and neurons the checkpoint holds, and fails on the missing and resized
+    keys. This builds it, gives the grown submodule the saved structure, then loads every
+    weight strictly. ``kwargs`` go to ``load_from_checkpoint`` (hyperparameters to
+    override). A checkpoint without a DendriteGrowth entry loads as Lightning loads it."""
+    path = Path(checkpoint_path)
+    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    saved = callback_entry(checkpoint.get("callbacks") or {}, "")
+    if not saved or not saved.get("structure"):
+        return module_class.load_from_checkpoint(path, map_location=map_location, **kwargs)
+    bare = io.BytesIO()  # built and hooked as Lightning does, weights below (their shapes
+    torch.save({**checkpoint, "state_dict": {}}, bare)  # differ from a fresh module's)
+    bare.seek(0)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*(contains no parameters|Found keys that)")
+        model = module_class.load_from_checkpoint(bare, map_location=map_location,
+                                                  strict=False, **kwargs)
+    module = saved.get("module", _grown_module(checkpoint["state_dict"], saved["structure"]))
+    target = model.get_submodule(module) if module else model
+    fit_structure(target, saved["structure"], str(path))
+    model.load_state_dict(checkpoint["state_dict"])  # strict: every key, every shape
+    return model
+
+
+def _grown_module(state: Mapping[str, Any], structure: Mapping[str, Any]) -> str | None:
+    """The attribute path of the grown submodule, read off the state's keys (checkpoints
+    saved before the callback recorded its ``module``)."""
+    layer = next(iter(structure))
+    for key in state:
+        head, found, _ = key.partition(f".{layer}.")
+        if found:
+            return head
+        if key.startswith(f"{layer}."):
+            return None
+    return None

@@ -13,7 +13,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from perfora.integrations.lightning import DendriteGrowth
+from perfora.integrations.lightning import DendriteGrowth, load_grown_checkpoint
 from tests.support.paths import SCRIPTS
 
 sys.path.insert(0, str(SCRIPTS / "lightning"))
@@ -89,3 +89,36 @@ def test_test_validate_and_predict_load_a_checkpoint_from_before_the_growth_step
     trainer.validate(model, val, ckpt_path=str(last), verbose=False)  # back to the end
     with torch.no_grad():
         assert torch.equal(torch.cat([model(x) for x, _ in val]), predicted)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("growth", ["dendrites", "neurons"])
+def test_load_grown_checkpoint_builds_the_module_a_grown_fit_saved(tmp_path, growth):
+    # LightningModule.load_from_checkpoint fails on such a checkpoint: missing keys (the
+    # dendrites) and size mismatches (the neurons)
+    model, _, _ = _fit(tmp_path, growth)
+    last = tmp_path / "ckpt" / "epoch=2.ckpt"
+    with pytest.raises(RuntimeError, match="Missing key|size mismatch"):
+        _Evaluated.load_from_checkpoint(last)
+    loaded = load_grown_checkpoint(_Evaluated, last, lr=0.5)
+    assert loaded.lr == 0.5  # the keywords override hyperparameters, as in Lightning
+    state, saved = loaded.state_dict(), torch.load(last, weights_only=True)["state_dict"]
+    assert state.keys() == saved.keys()
+    assert all(torch.equal(state[k], v) for k, v in saved.items())
+    x = torch.rand(4, 64)
+    with torch.no_grad():
+        assert torch.equal(loaded.eval()(x), model.eval()(x))
+
+
+def test_load_grown_checkpoint_loads_a_checkpoint_without_growth_as_lightning_does(tmp_path):
+    torch.manual_seed(0)
+    model = _Evaluated()
+    trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=1, logger=False,
+                         enable_progress_bar=False, enable_model_summary=False,
+                         enable_checkpointing=False, default_root_dir=str(tmp_path))
+    train, _ = digits_loaders(100)
+    trainer.fit(model, train)
+    trainer.save_checkpoint(tmp_path / "plain.ckpt")
+    loaded = load_grown_checkpoint(_Evaluated, tmp_path / "plain.ckpt")
+    assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(),
+                                                 model.state_dict().values()))
