@@ -26,6 +26,7 @@ from .export_config import grown_widths, update_exported_config
 from .layers import DendriticLayer, dendritic_layers, unwrap_model
 from .plain_keys import remove_plain_key_hook
 from .resize_head import remove_resize_hook
+from .tied import rename_tied_keys
 from .widening import remove_width_hook
 
 _ACTIVATION_FUNCTIONS = {"sigmoid": torch.sigmoid, "tanh": torch.tanh, "relu": F.relu}
@@ -43,12 +44,16 @@ def export(model: nn.Module) -> nn.Module:
     inner = unwrap_model(model)
     exported = plain_modules(copy.deepcopy(inner))  # widened layers: one plain call each
     for path, layer in sorted(dendritic_layers(exported).items(), key=lambda kv: -len(kv[0])):
-        replacement = export_layer(layer)
+        # the copy's own base, not a copy of it: a weight tied to another module (a tied
+        # lm_head named in paths=) stays that module's Parameter, as in the live model
+        replacement = export_layer(layer, copy_base=False)
         parent_path, _, name = path.rpartition(".")
         parent = exported.get_submodule(parent_path) if parent_path else exported
         setattr(parent, name, replacement)
+        if layer.num_dendrites == 0:  # the tied-weight keys name the plain layer again
+            rename_tied_keys(exported, f"{path}.base", path)
     if isinstance(exported, DendriticLayer):
-        exported = export_layer(exported)
+        exported = export_layer(exported, copy_base=False)
     _restore_plain_attention(exported)
     remove_width_hook(exported)
     remove_plain_key_hook(exported)
@@ -57,11 +62,12 @@ def export(model: nn.Module) -> nn.Module:
     return exported.eval()
 
 
-def export_layer(layer: DendriticLayer) -> nn.Module:
-    """One dendritic layer as plain torch: its base layer, or a traced GraphModule."""
+def export_layer(layer: DendriticLayer, copy_base: bool = True) -> nn.Module:
+    """One dendritic layer as plain torch: its base layer, or a traced GraphModule
+    (``copy_base=False``: holding the layer's own base module, not a copy of it)."""
     if layer.num_dendrites == 0:
-        return copy.deepcopy(layer.base)
-    computation = _DendriteComputation(layer)
+        return copy.deepcopy(layer.base) if copy_base else layer.base
+    computation = _DendriteComputation(layer, copy_base)
     graph = torch.fx.Tracer().trace(computation)
     exported = torch.fx.GraphModule(computation, graph, class_name="ExportedDendriticLayer")
     _answer_like_the_base(exported, exported.get_submodule("base"))
@@ -91,12 +97,12 @@ def _answer_like_the_base(exported: nn.Module, base: nn.Module) -> None:
 class _DendriteComputation(nn.Module):
     """The inference computation of one layer, written to be traced by torch.fx."""
 
-    def __init__(self, layer: DendriticLayer) -> None:
+    def __init__(self, layer: DendriticLayer, copy_base: bool = True) -> None:
         super().__init__()
         state = layer.state_dict()  # the merged form: a candidate trained apart is put back
         k, n = layer.num_dendrites, layer.num_neurons
         self.k, self.act = k, _ACTIVATION_FUNCTIONS[layer.activation]
-        self.base = copy.deepcopy(layer.base)
+        self.base = copy.deepcopy(layer.base) if copy_base else layer.base
         self.kind = layer.kind
         self.axis = layer.neuron_axis
         self.ndim = _output_ndim(layer)
