@@ -66,8 +66,19 @@ class ParameterGroups:
         raise ValueError(f"unknown parameter group {group!r}; use {PARAM_GROUPS}")
 
     def _new_param(self, data: torch.Tensor, group: str) -> nn.Parameter:
-        """A parameter of ``group``, trainable as that group is now."""
-        return nn.Parameter(data, requires_grad=self._trainable[group])
+        """A parameter of ``group``, trainable as that group is now, in the memory layout of
+        the base weight (a conv model moved to channels_last keeps it for its dendrites)."""
+        return nn.Parameter(self._in_base_layout(data), requires_grad=self._trainable[group])
+
+    def _in_base_layout(self, data: torch.Tensor) -> torch.Tensor:
+        """``data`` in channels_last(_3d) where the base weight of its rank is."""
+        weight = getattr(getattr(self, "source", None), "weight", None)
+        if not isinstance(weight, torch.Tensor) or weight.dim() not in (4, 5) \
+                or data.dim() != weight.dim() or weight.is_contiguous():
+            return data
+        layout = torch.channels_last if weight.dim() == 4 else torch.channels_last_3d
+        return data.contiguous(memory_format=layout) \
+            if weight.is_contiguous(memory_format=layout) else data
 
     # what each bank kind implements
     def _bank_parameters(self) -> list[nn.Parameter]:

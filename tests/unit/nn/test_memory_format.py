@@ -72,3 +72,22 @@ def test_widening_a_channels_last_model_leaves_the_output_bit_identical():
             out = model(x)
             assert torch.equal(out, before)
             assert model[0](x).is_contiguous(memory_format=torch.channels_last)
+
+
+@pytest.mark.parametrize("neurons", [False, True])
+def test_a_channels_last_model_gets_its_dendrite_weights_in_channels_last(neurons):
+    # a model moved with .to(memory_format=torch.channels_last) got contiguous (NCHW) bank
+    # weights at each growth step: every grown conv mixed two layouts
+    torch.manual_seed(0)
+    model = perfora.perforate(nn.Sequential(nn.Conv2d(8, 16, 3), nn.ReLU(),
+                                            nn.Conv2d(16, 8, 3)))
+    model = model.to(memory_format=torch.channels_last)
+    if neurons:
+        perfora.widen(model, "0", 4)
+    for layer in perfora.dendritic_layers(model).values():
+        layer.grow(torch.Generator().manual_seed(3))
+        layer.grow(torch.Generator().manual_seed(4))
+    for name, p in model.named_parameters():
+        if p.dim() == 4:
+            assert p.is_contiguous(memory_format=torch.channels_last) and \
+                not p.is_contiguous(), name
