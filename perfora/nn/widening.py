@@ -12,7 +12,8 @@ output is bit-for-bit unchanged; the new columns get a gradient from the next ba
 
 A dendritic producer's full dendrite sets gain random bank rows for the new neurons with zero
 ``v`` and cascade entries; when its sets feed chosen neurons (a ``dendrite_mask``), the new
-neurons are fed by none. A dendritic consumer gains zero columns in its base and its bank.
+neurons are fed by none (a generic layer over GPT-2's Conv1D: :mod:`.generic_widening`). A
+dendritic consumer gains zero columns in its base and its bank.
 Each widening is recorded on the producer (``widenings``), saved in its structure spec and
 replayed by :func:`replay_widenings` when a checkpoint is loaded into a narrow model.
 """
