@@ -8,7 +8,8 @@ input columns. The readers are found, in this order:
    way listed among the consumers is widened or applied block by block), checked by
    :mod:`perfora.nn.explicit_pairs`;
 2. the known Transformer feed-forward pairs (:mod:`perfora.nn.known_blocks`: torch's
-   encoder/decoder layers, BERT, GPT-2, Llama, T5, the ViT and CLIP MLPs); only the hidden
+   encoder/decoder layers, BERT, GPT-2, Llama, T5, the ViT and CLIP MLPs, GPT-NeoX, Falcon,
+   BLOOM, GPT-J, OPT and the BART family); only the hidden
    width grows, never ``d_model``;
 3. ``nn.Sequential`` chains through activations, dropout, pooling, BatchNorm, depthwise convs
    (which gain channels of their own) and ``Flatten``, and into transformers' ``*ConvLayer``

@@ -1,7 +1,8 @@
 """The feed-forward pairs of known Transformer blocks (torch's, BERT, GPT-2, Llama, T5, ViT and
-CLIP MLPs): which hidden layer gains neurons and what reads it, and refusals for the rest of
-those blocks (the residual width, attention projections). Only the hidden width grows. Also
-the inverted residual blocks of transformers' MobileNetV2, MobileViT and EfficientNet
+CLIP MLPs, GPT-NeoX/Falcon/BLOOM/GPT-J MLPs, OPT and BART-family layers): which hidden layer
+gains neurons and what reads it, and refusals for the rest of those blocks (the residual
+width, attention projections). Only the hidden width grows. Also the inverted residual blocks
+of transformers' MobileNetV2, MobileViT and EfficientNet
 (:mod:`perfora.nn.inverted_residual`), whose expansion widens through the depthwise conv."""
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from .block_check import checked_block
 from .blocks import is_hf_conv1d
 from .inverted_residual import efficientnet_block, inverted_residual
 from .layers import DendriticLayer
-from .plan_types import ATTENTION_NAMES, RESIDUAL, LayerPlan, is_producer, refuse
+from .plan_types import ATTENTION_NAMES, RESIDUAL, LayerPlan, is_producer, refuse, width_of
 
 
 def known_blocks(model: nn.Module) -> list[LayerPlan]:
@@ -65,6 +66,15 @@ def known_blocks(model: nn.Module) -> list[LayerPlan]:
                 pre + "fc1", True, consumers=[(pre + "fc2", 1)],
                 through=[(pre + "activation_fn", -1)], found_by="ViT/CLIP MLP")))
             out.append(refuse(pre + "fc2", RESIDUAL, "ViT/CLIP MLP"))
+        elif (names := _plain_mlp_names(m)) is not None:  # GPT-NeoX, Falcon, BLOOM, GPT-J MLPs
+            hidden, reader, act = names
+            out.append(checked_block(m, pre, LayerPlan(
+                pre + hidden, True, consumers=[(pre + reader, 1)],
+                through=_present(m, pre, act, "dropout"), found_by="GPT-NeoX/GPT-J MLP")))
+            out.append(refuse(pre + reader, RESIDUAL, "GPT-NeoX/GPT-J MLP"))
+        elif _is_bart_like_layer(m):  # OPT, BART, mBART, Marian, Pegasus, Whisper layers
+            out.append(_bart_like_pair(m, pre))
+            out.append(refuse(pre + "fc2", RESIDUAL, "BART/OPT layer"))
         elif has("gate_proj", "up_proj", "down_proj", "act_fn"):
             for name, other in (("gate_proj", "up_proj"), ("up_proj", "gate_proj")):
                 out.append(checked_block(m, pre, LayerPlan(
@@ -95,3 +105,48 @@ def _has_path(module: nn.Module, dotted: str) -> bool:
             return False
         module = getattr(module, name)
     return True
+
+
+_PLAIN_MLPS = (("dense_h_to_4h", "dense_4h_to_h"), ("fc_in", "fc_out"))
+_ACTIVATIONS = ("act", "activation", "activation_fn", "act_fn", "gelu_impl")
+_BART_LAYER_STATE = {"self_attn", "encoder_attn", "self_attn_layer_norm",
+                     "encoder_attn_layer_norm", "final_layer_norm"}
+
+
+def _plain_mlp_names(block: nn.Module) -> tuple[str, str, str] | None:
+    """(hidden layer, reader, activation) of an MLP named as GPT-NeoX's, Falcon's
+    (``dense_h_to_4h`` -> ``act`` -> ``dense_4h_to_h``) or GPT-J's (``fc_in``/``fc_out``)."""
+    for hidden, reader in _PLAIN_MLPS:
+        if hasattr(block, hidden) and hasattr(block, reader):
+            act = next((a for a in _ACTIVATIONS if isinstance(getattr(block, a, None),
+                                                              nn.Module)), None)
+            if act is not None:
+                return hidden, reader, act
+    return None
+
+
+def _is_bart_like_layer(block: nn.Module) -> bool:
+    """An encoder/decoder layer of the BART family (and OPT's): ``fc1`` -> ``activation_fn``
+    -> dropout -> ``fc2`` in the layer itself, beside its attention and norms."""
+    name = type(block).__name__
+    return name.endswith(("EncoderLayer", "DecoderLayer")) and all(
+        hasattr(block, a) for a in ("fc1", "fc2", "activation_fn", "self_attn"))
+
+
+def _bart_like_pair(block: nn.Module, pre: str) -> LayerPlan:
+    """The ``fc1`` -> ``fc2`` pair of such a layer. The layer does not trace with torch.fx,
+    so it is checked by its parts: the widths agree and it holds nothing with state but the
+    two layers, attention and norms."""
+    by = "BART/OPT layer"
+    gives, reads = width_of(block.fc1, "out"), width_of(block.fc2, "in")
+    if gives != reads:
+        return refuse(pre + "fc1", f"{pre}fc1 gives {gives} outputs and {pre}fc2 reads "
+                                   f"{reads}; pass pairs= if its readers are known", by)
+    for name, child in block.named_children():
+        if name not in {"fc1", "fc2", "activation_fn", *_BART_LAYER_STATE} and (
+                any(True for _ in child.parameters()) or any(True for _ in child.buffers())):
+            return refuse(pre + "fc1", f"the block also holds {pre}{name} "
+                                       f"({type(child).__name__}), which the {by} pattern does "
+                                       "not have; pass pairs= if its readers are known", by)
+    return LayerPlan(pre + "fc1", True, consumers=[(pre + "fc2", 1)],
+                     through=[(pre + "activation_fn", -1)], found_by=by)

@@ -1,0 +1,77 @@
+"""The feed-forward pairs of more Hugging Face decoders and encoder-decoders: GPT-NeoX
+(Pythia), Falcon, BLOOM and GPT-J MLPs, and the layers of OPT and the BART family, whose
+``fc1`` -> ``fc2`` sits in the layer itself. Each grows exactly and exports to a plain model
+with the same outputs; they were refused ("torch.fx cannot trace the model; pass pairs=")."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import perfora
+
+T = pytest.importorskip("transformers", reason="transformers not installed")
+
+IDS = torch.randint(3, 64, (2, 6), generator=torch.Generator().manual_seed(0))
+
+
+def _build(name: str) -> tuple[torch.nn.Module, str, dict]:
+    """A tiny model, its first hidden layer that should gain neurons, extra forward inputs."""
+    torch.manual_seed(0)
+    if name == "gpt_neox":
+        return (T.GPTNeoXForCausalLM(T.GPTNeoXConfig(
+            vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+            num_attention_heads=2, max_position_embeddings=32)),
+            "gpt_neox.layers.0.mlp.dense_h_to_4h", {})
+    if name == "falcon":
+        return (T.FalconForCausalLM(T.FalconConfig(
+            vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+            ffn_hidden_size=64)), "transformer.h.0.mlp.dense_h_to_4h", {})
+    if name == "bloom":
+        return (T.BloomForCausalLM(T.BloomConfig(vocab_size=64, hidden_size=32, n_layer=2,
+                                                 n_head=2)),
+                "transformer.h.0.mlp.dense_h_to_4h", {})
+    if name == "gptj":
+        return (T.GPTJForCausalLM(T.GPTJConfig(
+            vocab_size=64, n_embd=32, n_layer=2, n_head=2, n_positions=32, rotary_dim=8,
+            n_inner=64, bos_token_id=0, eos_token_id=0)), "transformer.h.0.mlp.fc_in", {})
+    if name == "opt":
+        return (T.OPTForCausalLM(T.OPTConfig(
+            vocab_size=64, hidden_size=32, ffn_dim=64, num_hidden_layers=2,
+            num_attention_heads=2, max_position_embeddings=32, word_embed_proj_dim=32,
+            pad_token_id=1, bos_token_id=0, eos_token_id=0)), "model.decoder.layers.0.fc1", {})
+    return (T.BartForConditionalGeneration(T.BartConfig(
+        vocab_size=64, d_model=32, encoder_layers=1, decoder_layers=1,
+        encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=64,
+        decoder_ffn_dim=64, max_position_embeddings=32)), "model.decoder.layers.0.fc1",
+        {"decoder_input_ids": IDS[:, :3]})
+
+
+@pytest.mark.parametrize("name", ["gpt_neox", "falcon", "bloom", "gptj", "opt", "bart"])
+def test_the_feed_forward_pair_grows_neurons_exactly_and_exports(name):
+    model, hidden, extra = _build(name)
+    model = perfora.perforate(model.eval())
+    plan = perfora.plan_widening(model)
+    assert hidden in plan.widenable, plan.refused.get(hidden)
+    reader = plan.layers[hidden].consumers[0][0]
+    assert "residual" in plan.refused[reader]
+    with torch.no_grad():
+        before = model(input_ids=IDS, **extra).logits
+    width = model.get_submodule(hidden).source.out_features
+    perfora.widen(model, hidden, 8)
+    assert model.get_submodule(hidden).source.out_features == width + 8
+    exported = perfora.export(model).eval()
+    with torch.no_grad():
+        after = model(input_ids=IDS, **extra).logits
+        assert torch.equal(after, before)
+        assert torch.equal(exported(input_ids=IDS, **extra).logits, after)
+
+
+def test_a_bart_like_layer_holding_more_than_attention_and_norms_is_refused():
+    model, _, _ = _build("opt")
+    layer = model.model.decoder.layers[0]
+    layer.adapter = torch.nn.Linear(32, 32)  # something the pattern does not know
+    plan = perfora.plan_widening(perfora.perforate(model))
+    assert plan.refused["model.decoder.layers.0.fc1"].startswith(
+        "the block also holds model.decoder.layers.0.adapter (LinearDendriticLayer)")
+    assert "model.decoder.layers.1.fc1" in plan.widenable
