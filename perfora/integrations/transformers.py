@@ -19,7 +19,6 @@ gives the model its saved dendrites before the Trainer loads the weights.
 
 from __future__ import annotations
 
-import json
 import os
 import warnings
 from collections.abc import Mapping
@@ -30,15 +29,12 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from ..checkpoint.files import read_regular_file
-from ..checkpoint.schema import MAX_HEADER_BYTES
 from ..checkpoint.weight_files import folder_shapes
 from ..config import PerforaConfig
 from ..errors import CheckpointError, ConfigError, OrderError, PerforaError, require_bool
 from ..growth import GrowthController
 from ..growth.state import CONTINUE
 from ..nn.layers import unwrap_model
-from ..nn.widening import widen_to_saved
 from ._common import (
     CONTROLLER_FILE,
     GrowthCallback,
@@ -46,12 +42,12 @@ from ._common import (
     check_mode,
     check_structure_fits_weights,
     did_you_mean,
-    perforate_once,
     read_controller_file,
     read_score,
     save_controller_file,
 )
 from .accelerate import _forget
+from .hf_weights import load_grown_pretrained
 
 try:
     from transformers import (
@@ -431,47 +427,3 @@ def _route_training_step(trainer: Trainer) -> None:
         return step(current, inputs, *args, **kwargs)
 
     trainer.training_step = training_step  # type: ignore[method-assign]
-
-
-def load_grown_pretrained(model: nn.Module, folder: str | os.PathLike, *,
-                          module: str | None = None, **perforate_kwargs: Any) -> nn.Module:
-    """Load a grown model saved by ``trainer.save_model(folder)`` into a fresh ``model``.
-
-    ``model`` is built from the config (``Model(config)``); it is perforated as in training
-    (the same ``module`` and ``perforate_kwargs``), takes the dendrite counts and widths of
-    the saved tensors and loads them strictly. A layer that gained neurons is widened in one
-    step: the reloaded model equals the saved one within float rounding (the saved model
-    computed each widening as a block of its own)."""
-    import safetensors.torch
-
-    folder = Path(folder)
-    perforate_once(model.get_submodule(module) if module else model, perforate_kwargs)
-    single = folder / "model.safetensors"
-    index = folder / "model.safetensors.index.json"
-    if single.is_file():
-        files = [single]
-    elif index.is_file():
-        shards = json.loads(read_regular_file(index, MAX_HEADER_BYTES, "weights index")
-                            )["weight_map"].values()
-        files = [folder / name for name in sorted(set(shards))]
-    else:
-        raise CheckpointError(f"{folder} has neither model.safetensors nor its index")
-    state: dict[str, torch.Tensor] = {}
-    for file in files:
-        state.update(safetensors.torch.load_file(str(file), device="cpu"))
-    _fill_tied(model, state)
-    widen_to_saved(model, state)  # layers that gained neurons in training
-    model.load_state_dict(state, strict=True)
-    return model
-
-
-def _fill_tied(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
-    """Give each tied key that save_pretrained stored once the tensor of its saved twin."""
-    groups: dict[int, list[str]] = {}
-    for name, param in model.named_parameters(remove_duplicate=False):
-        groups.setdefault(id(param), []).append(name)
-    for names in groups.values():
-        saved = next((n for n in names if n in state), None)
-        for name in names:
-            if saved is not None and name not in state:
-                state[name] = state[saved]
