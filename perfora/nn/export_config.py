@@ -5,7 +5,8 @@ shapes. Where one number cannot describe the model (layers of different widths),
 warns, naming the layers and what to do instead.
 
 Duck-typed: a model with a ``config`` that has ``to_dict`` and a class with
-``from_pretrained``; transformers is not imported here.
+``from_pretrained``, the exported model itself or the outermost such modules inside it (a
+wrapper's ``self.lm``); transformers is not imported here.
 """
 
 from __future__ import annotations
@@ -47,13 +48,40 @@ def _config_width(config: Any, key: str) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+def _is_hf_model(module: nn.Module) -> bool:
+    config = getattr(module, "config", None)
+    return config is not None and hasattr(config, "to_dict") \
+        and hasattr(type(module), "from_pretrained")
+
+
+def hf_models(model: nn.Module) -> dict[str, nn.Module]:
+    """The outermost Hugging Face models in ``model`` (itself included, at path ""), by path;
+    the models nested inside one of them are left out."""
+    found: dict[str, nn.Module] = {}
+    for path, module in model.named_modules():
+        if any(path == p or path.startswith(f"{p}.") or not p for p in found):
+            continue
+        if _is_hf_model(module):
+            found[path] = module
+    return found
+
+
 def update_exported_config(exported: nn.Module, grown: dict[str, tuple[int, int]]) -> None:
-    """Set the exported model's feed-forward width in its (copied) config to the width its
-    layers grew to; warn where that cannot describe them (see the module docstring)."""
-    config = getattr(exported, "config", None)
-    if not grown or config is None or not hasattr(config, "to_dict") \
-            or not hasattr(type(exported), "from_pretrained"):
+    """Set each Hugging Face model's (copied) config in ``exported`` to the feed-forward width
+    its layers grew to; warn where that cannot describe them (see the module docstring)."""
+    for prefix, hf in hf_models(exported).items():
+        inside = {path[len(prefix) + 1:] if prefix else path: widths
+                  for path, widths in grown.items()
+                  if not prefix or path.startswith(f"{prefix}.")}
+        _update_config(hf, inside, prefix)
+
+
+def _update_config(exported: nn.Module, grown: dict[str, tuple[int, int]], prefix: str) -> None:
+    """Update one Hugging Face model's config; ``grown`` holds paths inside it, which sits at
+    ``prefix`` in the exported model ("" for the root)."""
+    if not grown:
         return
+    config = exported.config
     starts = {before for before, _ in grown.values()}
     widths = {now for _, now in grown.values()}
     key = next((k for k in FFN_WIDTH_KEYS if _config_width(config, k) in starts), None)
@@ -66,16 +94,18 @@ def update_exported_config(exported: nn.Module, grown: dict[str, tuple[int, int]
     if key is not None:
         setattr(config, key, old)  # one width would not describe them: left as it was
     items = sorted(grown.items())
-    layers = ", ".join(f"{path}: {before} -> {now}" for path, (before, now) in items[:4])
+    at = f"{prefix}." if prefix else ""
+    layers = ", ".join(f"{at}{path}: {before} -> {now}" for path, (before, now) in items[:4])
     layers += f" and {len(items) - 4} more" if len(items) > 4 else ""
     if key is not None:
         named = (f"config.{key} holds one width for all of them; growth that widens every "
                  "block alike gives a config that loads")
     else:
         named = f"its config names no such width (looked for {', '.join(FFN_WIDTH_KEYS)})"
+    owner = f" (the model at {prefix})" if prefix else ""
     warn_user(
         f"perfora.export: the grown layers' widths ({layers}) cannot be written into "
-        f"{type(config).__name__}: {named}. A model built from the exported config has "
+        f"{type(config).__name__}{owner}: {named}. A model built from the exported config has "
         f"other shapes ({', '.join(mismatched[:2])}), so save_pretrained would write a "
         "folder that from_pretrained cannot load. Save the exported model's state dict "
         "(safetensors) and load it into a model you build and widen alike, or keep the "

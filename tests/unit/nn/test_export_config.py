@@ -74,3 +74,61 @@ def test_a_model_never_widened_exports_its_config_unchanged():
         warnings.simplefilter("error", UserWarning)
         exported = perfora.export(model)
     assert exported.config.to_dict() == model.config.to_dict()
+
+
+class _Wrapper(torch.nn.Module):
+    """A user's module holding a Hugging Face model, as a LightningModule's ``self.lm``."""
+
+    def __init__(self, lm: torch.nn.Module) -> None:
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.lm(input_ids=ids).logits
+
+
+def _nested_llama() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return perfora.perforate(_Wrapper(transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32)))).eval()
+
+
+def test_a_llama_nested_in_a_wrapper_exports_with_its_new_intermediate_size(tmp_path):
+    model = _nested_llama()
+    for layer in range(2):
+        perfora.widen(model, f"lm.model.layers.{layer}.mlp.gate_proj", 5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        exported = perfora.export(model)
+    assert exported.lm.config.intermediate_size == 53
+    assert model.lm.config.intermediate_size == 48
+    ids = torch.randint(0, 64, (2, 6))
+    _roundtrip(exported.lm, tmp_path, ids)
+    with torch.no_grad():
+        assert torch.allclose(exported(ids), model(ids), atol=1e-5)
+
+
+def test_a_nested_llama_grown_to_different_widths_warns_once():
+    model = _nested_llama()
+    perfora.widen(model, "lm.model.layers.0.mlp.gate_proj", 5)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        exported = perfora.export(model)
+    messages = [str(w.message) for w in caught if "perfora.export" in str(w.message)]
+    assert len(messages) == 1  # the LlamaModel inside LlamaForCausalLM is not checked again
+    assert "lm.model.layers.0.mlp.gate_proj: 48 -> 53" in messages[0]
+    assert "config.intermediate_size" in messages[0] and "(the model at lm)" in messages[0]
+    assert exported.lm.config.intermediate_size == 48
+
+
+def test_a_nested_cnn_config_that_names_no_width_warns():
+    model = perfora.perforate(_Wrapper(transformers.ResNetForImageClassification(
+        transformers.ResNetConfig(num_channels=1, embedding_size=8, hidden_sizes=[8, 16],
+                                  depths=[1, 1], layer_type="basic", num_labels=10))))
+    path = perfora.plan_widening(model).widenable[0]
+    perfora.widen(model, path, 4)
+    with pytest.warns(UserWarning, match=r"cannot be written into ResNetConfig \(the model at "
+                                         r"lm\): its config names no such width"):
+        exported = perfora.export(model)
+    assert exported.lm.config.hidden_sizes == [8, 16]
