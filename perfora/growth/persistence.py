@@ -127,7 +127,21 @@ class CheckpointMethods:
         self._restore(run, reader)
         if run.optimizer is not None and self.warns_unrestored_optimizer:
             self._keep_unrestored_optimizer(run, reader, path.name)
+        self._warn_unrestored_scheduler(run, path.name)
         return self._decision(RESTRUCTURE, f"loaded {path.name}")
+
+    def _warn_unrestored_scheduler(self, run: SavedRun, name: str) -> None:
+        """A checkpoint whose run stepped an LR scheduler, loaded where none is registered:
+        the learning rate would stay where it was for the rest of the run, silently."""
+        if run.scheduler is None or self._slot.scheduler_recipe is not None \
+                or self.scheduler is not None or self._slot.saved_state is not None:
+            return  # (a pending optimizer state: the first build_optimizer says it)
+        warn_user(f"{name} holds the state of the LR scheduler its run stepped "
+                  f"(last_epoch {run.scheduler.get('last_epoch', '?')}), and none is "
+                  "registered here, so the learning rate stays where it is from now on. To "
+                  "continue the schedule, register the same class before the load: "
+                  "controller.set_scheduler(cls, **kwargs) before load(), or "
+                  "perfora.resume(..., scheduler=cls, scheduler_args={...})")
 
     def _keep_unrestored_optimizer(self, run: SavedRun, reader: Checkpointer,
                                    name: str) -> None:
@@ -157,6 +171,7 @@ class CheckpointMethods:
         if self.scheduler is not None and run.scheduler is not None:
             self.scheduler.load_state_dict(with_keys_of(run.scheduler,
                                                         self.scheduler.state_dict()))
+        self._warn_unrestored_scheduler(run, "the loaded checkpoint")
 
     def _settle_direction(self, run: SavedRun) -> None:
         """Refuse (ConfigError) or, where this controller adopts it, take the saved run's
@@ -217,6 +232,7 @@ class CheckpointMethods:
         if scheduler is not None:
             ctl.set_scheduler(scheduler, **(scheduler_args or {}))
         ctl._restore(run, reader, rehearsed)
+        ctl._warn_unrestored_scheduler(run, Path(str(path)).name)
         return ctl
 
 

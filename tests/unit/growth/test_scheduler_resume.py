@@ -57,3 +57,62 @@ def test_a_resumed_run_follows_the_same_learning_rates(tmp_path, scheduler, args
     rest = _train(resumed, len(SCORES))
     assert first + rest == whole
     assert whole[-1] < whole[0]  # the rate did decay
+
+
+@pytest.mark.parametrize("how", ["resume", "load"])
+def test_a_resume_without_the_runs_scheduler_warns_that_the_rate_stays(tmp_path, how):
+    # the rate silently stayed where it was for the rest of the run
+    ctl = perfora.GrowthController(perfora.perforate(_build()), run_dir=tmp_path,
+                                   maximize=True, n_epochs_to_switch=50,
+                                   checkpoint_time_budget=None)
+    ctl.set_optimizer(torch.optim.SGD, lr=0.1)
+    ctl.set_scheduler(lr_scheduler.StepLR, step_size=2, gamma=0.5)
+    ctl.build_optimizer()
+    _train(ctl, 3)
+    expected = (r"latest.safetensors holds the state of the LR scheduler its run stepped "
+                r"\(last_epoch 3\), and none is registered here.*set_scheduler")
+    with pytest.warns(UserWarning, match=expected):
+        if how == "resume":
+            perfora.resume(_build(), tmp_path / "latest.safetensors",
+                           optimizer=torch.optim.SGD, optimizer_args={"lr": 0.1})
+        else:
+            again = perfora.GrowthController(perfora.perforate(_build()), run_dir=tmp_path,
+                                             maximize=True, n_epochs_to_switch=50)
+            again.set_optimizer(torch.optim.SGD, lr=0.1)
+            again.load("latest")
+
+
+def test_a_resume_with_the_runs_scheduler_does_not_warn(tmp_path):
+    import warnings
+
+    ctl = perfora.GrowthController(perfora.perforate(_build()), run_dir=tmp_path,
+                                   maximize=True, n_epochs_to_switch=50,
+                                   checkpoint_time_budget=None)
+    ctl.set_optimizer(torch.optim.SGD, lr=0.1)
+    ctl.set_scheduler(lr_scheduler.StepLR, step_size=2, gamma=0.5)
+    ctl.build_optimizer()
+    _train(ctl, 3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        resumed = perfora.resume(_build(), tmp_path / "latest.safetensors",
+                                 optimizer=torch.optim.SGD, optimizer_args={"lr": 0.1},
+                                 scheduler=lr_scheduler.StepLR,
+                                 scheduler_args={"step_size": 2, "gamma": 0.5})
+    assert resumed.scheduler.last_epoch == 3
+
+
+def test_an_optimizer_registered_after_the_load_without_the_scheduler_warns(tmp_path):
+    ctl = perfora.GrowthController(perfora.perforate(_build()), run_dir=tmp_path,
+                                   maximize=True, n_epochs_to_switch=50,
+                                   checkpoint_time_budget=None)
+    ctl.set_optimizer(torch.optim.SGD, lr=0.1)
+    ctl.set_scheduler(lr_scheduler.StepLR, step_size=2, gamma=0.5)
+    ctl.build_optimizer()
+    _train(ctl, 3)
+    again = perfora.GrowthController(perfora.perforate(_build()), run_dir=tmp_path,
+                                     maximize=True, n_epochs_to_switch=50)
+    again.load("latest")  # the optimizer's state waits for the first build: no warning yet
+    again.set_optimizer(torch.optim.SGD, lr=0.1)
+    with pytest.warns(UserWarning, match="the loaded checkpoint holds the state of the LR "
+                                         "scheduler"):
+        again.build_optimizer()
