@@ -44,7 +44,7 @@ from .blocks import (
     is_hf_conv1d,
 )
 from .explicit_pairs import checked_pairs, explicit_entry
-from .fx_reshapes import flattens_from_dim1, is_shape_query
+from .fx_reshapes import flattens_from_dim1, is_shape_query, unfollowed_call
 from .gates import gate_of
 from .known_blocks import known_blocks
 from .layers import DendriticLayer
@@ -70,6 +70,8 @@ _EXACT_FUNCTIONS = {F.relu, torch.relu, F.relu6, F.hardtanh, F.max_pool1d, F.max
                     F.max_pool3d}
 _POOL_FUNCTIONS = {F.max_pool1d, F.max_pool2d, F.max_pool3d}
 _EXACT_METHODS = {"relu", "relu_"}
+# dropout: exact in eval (in training its mask, random either way, covers the wider tensor)
+_EXACT_FUNCTIONS |= {F.dropout, torch.dropout}
 _LAST_AXIS = ("a Linear's neurons are on the last axis of its output, and {0} ({1}) works on "
               "dim 1, the same axis only when the output is 2-D, which the plan cannot know")
 _LEAVES = "its output leaves the nn.Sequential"
@@ -423,9 +425,7 @@ def _follow_graph(model: nn.Module, start: torch.fx.Node) -> LayerPlan:
                                 "model's output size)", by)
         elif not (node.op == "call_function" and node.target in _EXACT_FUNCTIONS
                   or node.op == "call_method" and node.target in _EXACT_METHODS):
-            what = f"{getattr(node.target, '__name__', node.target)} ({node.op})"
-            return refuse(path, f"its output goes to {what}, which a widening cannot follow "
-                                 "(elementwise modules and relu are followed); pass pairs=", by)
+            return refuse(path, unfollowed_call(node), by)
         todo.extend(nxt)
     if not entry.consumers:
         return refuse(path, "no Linear/Conv consumer reads its output", by)

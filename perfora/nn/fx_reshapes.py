@@ -1,4 +1,5 @@
-"""Which ``torch.fx`` nodes flatten a tensor from dim 1 on, and which only ask its shape.
+"""Which ``torch.fx`` nodes flatten a tensor from dim 1 on, which only ask its shape, and
+what to tell a user whose model calls something a widening cannot follow.
 
 A CNN head often reads ``h.flatten(1)``, ``h.view(h.size(0), -1)`` or
 ``h.reshape(h.shape[0], -1)`` rather than ``torch.flatten(h, 1)``: all four keep the batch
@@ -62,3 +63,32 @@ def flattens_from_dim1(node: torch.fx.Node) -> bool:
         return _keeps_batch_flattens_rest(tuple(node.args[1:]))
     return False
 
+
+
+_MODULE_FORMS = {"gelu": "nn.GELU()", "silu": "nn.SiLU()", "tanh": "nn.Tanh()",
+                 "sigmoid": "nn.Sigmoid()", "leaky_relu": "nn.LeakyReLU()", "elu": "nn.ELU()",
+                 "mish": "nn.Mish()", "softplus": "nn.Softplus()", "hardswish": "nn.Hardswish()",
+                 "adaptive_avg_pool1d": "nn.AdaptiveAvgPool1d(...)",
+                 "adaptive_avg_pool2d": "nn.AdaptiveAvgPool2d(...)",
+                 "adaptive_avg_pool3d": "nn.AdaptiveAvgPool3d(...)",
+                 "avg_pool1d": "nn.AvgPool1d(...)", "avg_pool2d": "nn.AvgPool2d(...)",
+                 "avg_pool3d": "nn.AvgPool3d(...)", "adaptive_max_pool2d":
+                 "nn.AdaptiveMaxPool2d(...)", "mean": "nn.AdaptiveAvgPool2d(1) (a mean over "
+                 "the spatial axes)"}
+_RESHAPES = {"view", "reshape", "flatten", "squeeze", "unsqueeze"}
+
+
+def unfollowed_call(node: torch.fx.Node) -> str:
+    """Why a widening stops at the function or method ``node``, and what to write instead."""
+    name = getattr(node.target, "__name__", str(node.target))
+    what = f"its output goes to {name} ({node.op}), which a widening cannot follow"
+    if name in _RESHAPES or node.target in (torch.reshape, torch.flatten, torch.squeeze):
+        return (f"{what}: only a flatten that keeps the batch axis is followed (x.flatten(1), "
+                "x.view(x.size(0), -1)); a shape with a fixed width would not fit the wider "
+                "tensor; pass pairs= if its readers are known")
+    if name in _MODULE_FORMS:
+        return (f"{what}: as a function it cannot run block by block (its last bits on the "
+                f"wider tensor may differ); use the module form, {_MODULE_FORMS[name]}, "
+                "which a widening follows, or pass pairs= if a last-bit change is acceptable")
+    return (f"{what} (elementwise modules, relu, max pooling, dropout and flattening are "
+            "followed); pass pairs=")

@@ -419,3 +419,23 @@ def test_every_usual_flattening_idiom_before_the_head_lets_the_last_conv_widen(i
 def test_a_reshape_to_a_fixed_width_or_over_the_batch_is_still_refused(read):
     plan = perfora.plan_widening(_CnnHead(read))
     assert "conv2" in plan.refused and "cannot follow" in plan.refused["conv2"]
+
+
+def test_a_refusal_at_a_function_says_what_to_write_instead():
+    plan = perfora.plan_widening(_CnnHead(lambda h: h.view(-1, 24)))
+    assert "a shape with a fixed width would not fit" in plan.refused["conv2"]
+    assert "x.view(x.size(0), -1)" in plan.refused["conv2"]
+
+    class _Functional(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc1, self.fc2 = nn.Linear(4, 6), nn.Linear(6, 2)
+            self.fc3, self.fc4 = nn.Linear(2, 5), nn.Linear(5, 2)
+
+        def forward(self, x):
+            h = self.fc2(F.dropout(F.gelu(self.fc1(x)), 0.1, self.training))
+            return self.fc4(F.dropout(F.relu(self.fc3(h)), 0.1, self.training))
+
+    plan = perfora.plan_widening(_Functional())
+    assert "use the module form, nn.GELU()" in plan.refused["fc1"]
+    assert plan.layers["fc3"].consumers == [("fc4", 1)]  # F.dropout is followed
