@@ -97,9 +97,12 @@ def plan_widening(model: nn.Module, pairs: Mapping[str, Any] | None = None, *,
     for path, readers in (pairs or {}).items():
         plan.layers[path] = explicit_entry(model, path, readers)
         decided.add(path)
+    known_refusals: dict[str, LayerPlan] = {}  # what a known block rules out, pairs= or not
     for entry in known_blocks(model):
         if entry.path in decided:
             found.setdefault(entry.path, entry)
+            if not entry.widenable and "residual stream" in (entry.reason or ""):
+                known_refusals[entry.path] = entry
         if entry.path in plan.layers and entry.path not in decided:
             plan.layers[entry.path] = entry
             decided.add(entry.path)
@@ -137,6 +140,9 @@ def plan_widening(model: nn.Module, pairs: Mapping[str, Any] | None = None, *,
     for path, entry in found.items():
         if plan.layers[path].widenable and entry.widenable:
             plan.layers[path] = checked_pairs(model, plan.layers[path], entry)
+    for path, entry in known_refusals.items():  # pairs= cannot undo a residual add
+        plan.layers[path] = refuse(path, f"pairs= names its readers, but {entry.reason} "
+                                         f"({entry.found_by})", "pairs")
     _refuse_shared(model, plan)
     return plan
 

@@ -82,6 +82,8 @@ def known_blocks(model: nn.Module) -> list[LayerPlan]:
                     through=[(pre + "act_fn", -1)], partners=[pre + other],
                     found_by="Llama MLP")))
             out.append(refuse(pre + "down_proj", RESIDUAL, "Llama MLP"))
+        elif (residual := _resnet_residual_writers(m, pre)) is not None:  # HF ResNet
+            out.extend(refuse(path, _CNN_RESIDUAL, "ResNet residual") for path in residual)
         else:
             for name, child in m.named_children():
                 attention = "attention" in type(m).__name__.lower()
@@ -150,3 +152,27 @@ def _bart_like_pair(block: nn.Module, pre: str) -> LayerPlan:
                                        "not have; pass pairs= if its readers are known", by)
     return LayerPlan(pre + "fc1", True, consumers=[(pre + "fc2", 1)],
                      through=[(pre + "activation_fn", -1)], found_by=by)
+
+
+_CNN_RESIDUAL = ("its output is added into the residual stream of the ResNet stages, which "
+                 "many layers read: no list of readers can widen it")
+
+
+def _resnet_residual_writers(block: nn.Module, pre: str) -> list[str] | None:
+    """The convolutions whose outputs a transformers ResNet adds into its residual stream:
+    a layer's last ``ConvLayer`` and its projection shortcut, and the stem (``embedder``)
+    where the first layer's shortcut is the identity; None for other modules."""
+    name = type(block).__name__
+    if _has_path(block, "embedder.embedder.convolution") and \
+            _has_path(block, "encoder.stages.0.layers.0.shortcut"):  # ResNetModel
+        first = block.get_submodule("encoder.stages.0.layers.0.shortcut")
+        return [] if hasattr(first, "convolution") else [pre + "embedder.embedder.convolution"]
+    steps = getattr(block, "layer", None)
+    if not (name.endswith("Layer") and hasattr(block, "shortcut")
+            and isinstance(steps, nn.Sequential) and len(steps)
+            and _has_path(steps[-1], "convolution")):
+        return None
+    writers = [f"{pre}layer.{len(steps) - 1}.convolution"]
+    if _has_path(block, "shortcut.convolution"):
+        writers.append(pre + "shortcut.convolution")
+    return writers

@@ -75,3 +75,39 @@ def test_a_bart_like_layer_holding_more_than_attention_and_norms_is_refused():
     assert plan.refused["model.decoder.layers.0.fc1"].startswith(
         "the block also holds model.decoder.layers.0.adapter (LinearDendriticLayer)")
     assert "model.decoder.layers.1.fc1" in plan.widenable
+
+
+def _hf_resnet(embedding_size: int) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return perfora.perforate(T.ResNetForImageClassification(T.ResNetConfig(
+        num_channels=1, embedding_size=embedding_size, hidden_sizes=[8, 16], depths=[1, 1],
+        layer_type="basic", num_labels=3)).eval())
+
+
+def test_a_resnet_conv_that_writes_the_residual_stream_is_refused_even_with_pairs():
+    # the plan said "pass pairs=" for the stem; pairs= were accepted and the widened model
+    # failed at its next forward (the residual add: 8 channels against 12)
+    model = _hf_resnet(embedding_size=8)
+    stem = "resnet.embedder.embedder.convolution"
+    stage = "resnet.encoder.stages.0.layers.0"
+    plan = perfora.plan_widening(model)
+    for path in (stem, f"{stage}.layer.1.convolution",
+                 "resnet.encoder.stages.1.layers.0.shortcut.convolution"):
+        assert "residual stream of the ResNet stages" in plan.refused[path], path
+        assert "pass pairs=" not in plan.refused[path]
+    pairs = {stem: ["resnet.embedder.embedder.normalization", f"{stage}.layer.0.convolution"]}
+    x = torch.randn(2, 1, 8, 8)
+    with torch.no_grad():
+        before = model(pixel_values=x).logits
+    with pytest.raises(perfora.PerforationError, match="pairs= names its readers, but its "
+                                                       "output is added into the residual"):
+        perfora.widen(model, stem, 4, pairs=pairs)
+    with torch.no_grad():
+        assert torch.equal(model(pixel_values=x).logits, before)  # nothing changed
+    assert plan.layers[f"{stage}.layer.0.convolution"].widenable
+
+
+def test_a_resnet_stem_read_by_a_projection_shortcut_is_not_ruled_out():
+    model = _hf_resnet(embedding_size=6)  # the first layer projects 6 -> 8 channels
+    plan = perfora.plan_widening(model)
+    assert "residual" not in plan.refused["resnet.embedder.embedder.convolution"]
