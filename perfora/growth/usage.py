@@ -168,8 +168,10 @@ class UsageWatch:
             names = ", ".join(drifted[:3])
             self._warn("replicas", f"the ranks' weights differ after this epoch ({names}): "
                        "the replicas trained apart. The model trained is "
-                       "probably a wrapper the controller does not know, made for the "
-                       "parameters before a growth: pass it at every report, "
+                       "probably a wrapper made for the parameters before a growth step: the "
+                       "old DDP wrapper (train with decision.model after every "
+                       "decision.restructured; the controller built a new one), or one the "
+                       "controller does not know: pass it at every report, "
                        "controller.step(score, model=ddp_model) (the controller then rebuilds "
                        "it after each growth), or wrap the model again after every "
                        "decision.restructured (Accelerate: prepare_after_growth, Fabric: "

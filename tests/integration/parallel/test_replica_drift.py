@@ -53,3 +53,4 @@ def test_ranks_that_train_apart_are_warned_about(tmp_path, tell_controller):
     else:
         assert len(r0["drift"]) == len(r1["drift"]) == 1
         assert "step(score, model=ddp_model)" in r0["drift"][0]
+        assert "train with decision.model after every decision.restructured" in r0["drift"][0]
