@@ -59,16 +59,27 @@ def test_a_resumed_run_follows_the_same_learning_rates(tmp_path, scheduler, args
     assert whole[-1] < whole[0]  # the rate did decay
 
 
-@pytest.mark.parametrize("how", ["resume", "load"])
-def test_a_resume_without_the_runs_scheduler_warns_that_the_rate_stays(tmp_path, how):
-    # the rate silently stayed where it was for the rest of the run
-    ctl = perfora.GrowthController(perfora.perforate(_build()), run_dir=tmp_path,
+
+def _stepped_run(run_dir) -> None:
+    """Three epochs of a run with a StepLR registered, saved as ``latest`` in ``run_dir``."""
+    ctl = perfora.GrowthController(perfora.perforate(_build()), run_dir=run_dir,
                                    maximize=True, n_epochs_to_switch=50,
                                    checkpoint_time_budget=None)
     ctl.set_optimizer(torch.optim.SGD, lr=0.1)
     ctl.set_scheduler(lr_scheduler.StepLR, step_size=2, gamma=0.5)
     ctl.build_optimizer()
     _train(ctl, 3)
+
+
+def _fresh(run_dir) -> perfora.GrowthController:
+    return perfora.GrowthController(perfora.perforate(_build()), run_dir=run_dir,
+                                    maximize=True, n_epochs_to_switch=50)
+
+
+@pytest.mark.parametrize("how", ["resume", "load"])
+def test_a_resume_without_the_runs_scheduler_warns_that_the_rate_stays(tmp_path, how):
+    # the rate silently stayed where it was for the rest of the run
+    _stepped_run(tmp_path)
     expected = (r"latest.safetensors holds the state of the LR scheduler its run stepped "
                 r"\(last_epoch 3\), and none is registered here.*set_scheduler")
     with pytest.warns(UserWarning, match=expected):
@@ -76,8 +87,7 @@ def test_a_resume_without_the_runs_scheduler_warns_that_the_rate_stays(tmp_path,
             perfora.resume(_build(), tmp_path / "latest.safetensors",
                            optimizer=torch.optim.SGD, optimizer_args={"lr": 0.1})
         else:
-            again = perfora.GrowthController(perfora.perforate(_build()), run_dir=tmp_path,
-                                             maximize=True, n_epochs_to_switch=50)
+            again = _fresh(tmp_path)
             again.set_optimizer(torch.optim.SGD, lr=0.1)
             again.load("latest")
 
@@ -85,13 +95,7 @@ def test_a_resume_without_the_runs_scheduler_warns_that_the_rate_stays(tmp_path,
 def test_a_resume_with_the_runs_scheduler_does_not_warn(tmp_path):
     import warnings
 
-    ctl = perfora.GrowthController(perfora.perforate(_build()), run_dir=tmp_path,
-                                   maximize=True, n_epochs_to_switch=50,
-                                   checkpoint_time_budget=None)
-    ctl.set_optimizer(torch.optim.SGD, lr=0.1)
-    ctl.set_scheduler(lr_scheduler.StepLR, step_size=2, gamma=0.5)
-    ctl.build_optimizer()
-    _train(ctl, 3)
+    _stepped_run(tmp_path)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         resumed = perfora.resume(_build(), tmp_path / "latest.safetensors",
@@ -102,15 +106,8 @@ def test_a_resume_with_the_runs_scheduler_does_not_warn(tmp_path):
 
 
 def test_an_optimizer_registered_after_the_load_without_the_scheduler_warns(tmp_path):
-    ctl = perfora.GrowthController(perfora.perforate(_build()), run_dir=tmp_path,
-                                   maximize=True, n_epochs_to_switch=50,
-                                   checkpoint_time_budget=None)
-    ctl.set_optimizer(torch.optim.SGD, lr=0.1)
-    ctl.set_scheduler(lr_scheduler.StepLR, step_size=2, gamma=0.5)
-    ctl.build_optimizer()
-    _train(ctl, 3)
-    again = perfora.GrowthController(perfora.perforate(_build()), run_dir=tmp_path,
-                                     maximize=True, n_epochs_to_switch=50)
+    _stepped_run(tmp_path)
+    again = _fresh(tmp_path)
     again.load("latest")  # the optimizer's state waits for the first build: no warning yet
     again.set_optimizer(torch.optim.SGD, lr=0.1)
     with pytest.warns(UserWarning, match="the loaded checkpoint holds the state of the LR "
