@@ -23,6 +23,7 @@ from torch import nn
 
 from ..nn.kernels import functorch_active, vmapped
 from ..nn.layers import DendriticLayer
+from .compile_room import HookRecompiles
 from .transient_hooks import TransientHook
 
 
@@ -63,6 +64,7 @@ class ErrorSignalProbe:
         self.max_rows = int(max_rows)
         self._handles: list = []
         self._rows: dict[str, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
+        self._recompiles = HookRecompiles()  # a compiled model runs the hooks too
 
     @property
     def armed(self) -> bool:
@@ -75,9 +77,13 @@ class ErrorSignalProbe:
             return
         for path, layer in layers.items():
             self._handles.append(layer.register_forward_hook(TransientHook(self._hook(path))))
+        if self._handles:
+            self._recompiles.armed(layers.values())
 
     def disarm(self) -> None:
         """Stop recording; the rows kept so far stay available."""
+        if self._handles:
+            self._recompiles.disarmed()
         for handle in self._handles:
             handle.remove()
         self._handles = []

@@ -24,6 +24,7 @@ from ..distributed.collectives import all_reduce_values
 from ..nn.blocks import is_hf_conv1d
 from ..nn.consumers import LayerPlan
 from ..nn.kernels import functorch_active, vmapped
+from .compile_room import HookRecompiles
 from .conv_signal import ConvPair, conv_pair, core_layer
 from .transient_hooks import TransientHook
 
@@ -71,6 +72,7 @@ class WideningSignal:
         self._rows: dict[str, int] = {}
         self._convs: dict[str, ConvPair] = {}
         self.paths: list[str] = []
+        self._recompiles = HookRecompiles()  # a compiled model runs the hooks too
 
     @property
     def armed(self) -> bool:
@@ -85,6 +87,7 @@ class WideningSignal:
                        if self.convs and (pair := conv_pair(root, entry)) is not None}
         self.paths = sorted(p for p, entry in plan.items()
                             if p in self._convs or pairs_rows(root, entry))
+        hooked: list[nn.Module] = []
         for path in self.paths:
             producer = root.get_submodule(path)
             consumer = root.get_submodule(plan[path].consumers[0][0])
@@ -92,9 +95,14 @@ class WideningSignal:
                 TransientHook(self._keep_input(path))))
             self._handles.append(consumer.register_forward_hook(
                 TransientHook(self._add_product(path))))
+            hooked += [producer, consumer]
+        if hooked:
+            self._recompiles.armed(hooked)
 
     def disarm(self) -> None:
         """Stop recording; the sums so far stay available."""
+        if self._handles:
+            self._recompiles.disarmed()
         for handle in self._handles:
             handle.remove()
         self._handles = []
