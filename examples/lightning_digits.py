@@ -7,7 +7,7 @@
 The only perfora lines are the import, the callback in ``Trainer(callbacks=[...])`` and,
 for ``ddp_spawn``, ``growth.prepare(model)`` before ``fit``. Under ``ddp_spawn`` the spawned
 processes train; this process gets the grown model back, and reads the scores from the run
-files that rank 0 wrote (``OUT/perfora/best_arch_scores.csv``).
+files that rank 0 wrote (``OUT/perfora_runs/best_arch_scores.csv``).
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ def main() -> None:
     trainer.fit(model, train, val)
 
     if trainer.is_global_zero:
-        run_dir = Path(args.out) / "perfora"
+        run_dir = Path(args.out) / "perfora_runs"
         ctl = growth.controller
         if ctl is not None:  # this process trained (ddp: rank 0; one device)
             epochs, dendrites, best, where = ctl.epoch, ctl.num_dendrites, ctl.best_score, ""

@@ -94,7 +94,7 @@ class DendriteGrowth(GrowthCallback, Callback):
     submodule to perforate (``None``: the whole LightningModule). ``config`` or keyword
     ``settings`` are any :class:`~perfora.PerforaConfig` fields; ``perforate_kwargs`` go to
     :func:`perfora.perforate`. Run files (metrics.csv, history.png) go to ``run_dir``
-    (default: ``<trainer.default_root_dir>/perfora``); Lightning's own checkpoints carry the
+    (default: ``<trainer.default_root_dir>/perfora_runs``); Lightning's own checkpoints carry the
     dendrites, so perfora writes no model files of its own unless ``save_checkpoints=True``.
     Each growth step, rewind, phase change (``rule='correlation'``) and the completion is
     announced on rank 0 with its reason (Lightning's info log; ``verbose=False``: not).
@@ -264,7 +264,8 @@ class DendriteGrowth(GrowthCallback, Callback):
                     "device_id=self.trainer.strategy.root_device)")
             run_dir = self.run_dir
             if run_dir is None:
-                run_dir = f"{trainer.default_root_dir}/perfora"
+                run_dir = f"{trainer.default_root_dir}/perfora_runs"  # not "perfora": a folder
+                # of that name in the working directory would shadow the package
             self.controller = GrowthController(self.target(pl_module), self.config,
                                                run_dir=run_dir)
             if self._pending is not None:

@@ -84,7 +84,7 @@ class DendriteGrowthCallback(GrowthCallback, TrainerCallback):
     dotted path of the submodule to perforate (``None``: the whole model);
     ``perforate_kwargs`` go to :func:`perfora.perforate`; ``config`` or keyword ``settings`` are
     :class:`~perfora.PerforaConfig` fields. Run files go to ``run_dir`` (default
-    ``<output_dir>/perfora``; ``write_files=False``: none). A run whose epochs or
+    ``<output_dir>/perfora_runs``; ``write_files=False``: none). A run whose epochs or
     ``max_steps`` run out before growth completes ends with its best model (the best
     snapshot's structure and weights, as completion does), unless
     ``restore_best_at_end=False`` (then it ends with its last one). After each of those
@@ -146,7 +146,7 @@ class DendriteGrowthCallback(GrowthCallback, TrainerCallback):
         self.config = self.growth_config(self.mode)
         target = self._perforate_target(trainer.model, self.config)
         run_dir = self.run_dir if self.run_dir is not None else \
-            Path(trainer.args.output_dir) / "perfora"
+            Path(trainer.args.output_dir) / "perfora_runs"
         self.controller = GrowthController(target, self.config, run_dir=run_dir,
                                            write_files=self.write_files)
         self.trainer = trainer

@@ -393,7 +393,7 @@ def test_the_example_grows_dendrites_that_beat_the_baseline(tmp_path, script_ser
     found = re.search(r"dendrites=(\d+), best val_acc=([\d.]+)", run.log())
     assert found, run.log()
     kept = int(found.group(1))
-    rows = (tmp_path / "perfora" / "best_arch_scores.csv").read_text().splitlines()[1:]
+    rows = (tmp_path / "perfora_runs" / "best_arch_scores.csv").read_text().splitlines()[1:]
     best = [float(row.split(",")[2]) for row in rows]  # best val_acc per dendrite count
     # the returned model holds dendrites and is the best architecture tried, beating the
     # network it grew from
@@ -416,7 +416,7 @@ def test_the_example_under_ddp_spawn_reports_what_the_spawned_run_trained(tmp_pa
                      line)
     assert found, line  # numbers, not "see the launching process" and nan
     epochs, kept, best = int(found.group(1)), int(found.group(2)), float(found.group(3))
-    run_dir = tmp_path / "perfora"
+    run_dir = tmp_path / "perfora_runs"
     assert found.group(4) == str(run_dir)
     rows = (run_dir / "metrics.csv").read_text().splitlines()
     assert epochs == len(rows) - 1 > 0  # one row per epoch the spawned rank 0 reported

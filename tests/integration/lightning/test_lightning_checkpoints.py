@@ -64,7 +64,7 @@ def test_test_validate_and_predict_load_a_checkpoint_from_before_the_growth_step
     before_growth = tmp_path / "ckpt" / "epoch=0.ckpt"
     saved = torch.load(before_growth, weights_only=True)["state_dict"]
     assert {k: v.shape for k, v in saved.items()} != grown  # it really is another structure
-    run = (ctl.epoch, ctl.num_dendrites, ctl.completed, _rows(tmp_path / "perfora" /
+    run = (ctl.epoch, ctl.num_dendrites, ctl.completed, _rows(tmp_path / "perfora_runs" /
                                                                 "metrics.csv"))
     _, val = digits_loaders(100)
 
@@ -73,7 +73,7 @@ def test_test_validate_and_predict_load_a_checkpoint_from_before_the_growth_step
     assert state.keys() == saved.keys()
     assert all(torch.equal(state[k], v) for k, v in saved.items())
     assert (ctl.epoch, ctl.num_dendrites, ctl.completed,
-            _rows(tmp_path / "perfora" / "metrics.csv")) == run
+            _rows(tmp_path / "perfora_runs" / "metrics.csv")) == run
 
     fresh = _Evaluated()  # not perforated: it takes the checkpoint's structure too
     fresh_trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False,

@@ -173,3 +173,24 @@ def test_resuming_a_completed_run_with_more_epochs_does_not_warn_that_no_validat
         fit(tmp_path, again, max_epochs=done.current_epoch + 2,
             ckpt_path=str(tmp_path / "ckpt" / "last.ckpt"))
     assert again.controller.completed and ours(record) == []
+
+
+def test_the_default_run_folder_does_not_shadow_the_package(tmp_path, monkeypatch):
+    # the run files went to <default_root_dir>/perfora: with Lightning's default root (the
+    # working directory), the next `import perfora` there found that folder instead of the
+    # package (a namespace package without perforate, export, ...)
+    import subprocess
+
+    monkeypatch.chdir(tmp_path)
+    growth = DendriteGrowth(monitor="val_acc", mode="max", module="net")
+    torch.manual_seed(0)
+    trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=1, logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, num_sanity_val_steps=0,
+                         callbacks=[growth])  # default_root_dir: the working directory
+    trainer.fit(DigitsNet(), *digits_loaders(200))
+    assert (tmp_path / "perfora_runs" / "metrics.csv").exists()
+    assert not (tmp_path / "perfora").exists()
+    probe = subprocess.run([sys.executable, "-c", "import perfora; perfora.perforate"],
+                           cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert probe.returncode == 0, probe.stderr
