@@ -240,6 +240,11 @@ class DendriteGrowthCallback(GrowthCallback, TrainerCallback):
                 not ctl.completed and ctl.best_snapshot is not None:
             ctl.restore_best()  # the epochs or max_steps ran out first: end with the best
             self.rebuild(trainer)
+            if self.verbose and state.is_world_process_zero:
+                tqdm.write(f"DendriteGrowthCallback: end of training: restored the best model "
+                           f"(epoch {ctl.state.best_epoch} of the run, {self.monitor} "
+                           f"{ctl.best_score:g}, {ctl.parameter_count()} parameters, "
+                           f"{ctl.num_dendrites} dendrite set(s))")
         self._finish()
 
     # ------------------------------------------------------------------ growth

@@ -223,7 +223,8 @@ def test_clear_errors_for_setups_it_cannot_grow(tmp_path):
 
 
 @pytest.mark.parametrize("restore", [True, False])
-def test_a_run_that_ends_before_completion_ends_with_the_best_model(tmp_path, restore):
+def test_a_run_that_ends_before_completion_ends_with_the_best_model(tmp_path, restore,
+                                                                     capsys):
     """6 epochs: one growth step, no completion; the last score is below the best."""
     trainer = make_trainer(str(tmp_path), epochs=6)
     growth = DendriteGrowthCallback(monitor="eval_accuracy", patience=2, max_dendrites=2,
@@ -234,11 +235,17 @@ def test_a_run_that_ends_before_completion_ends_with_the_best_model(tmp_path, re
     assert not ctl.completed and "restructure" in [r["event"] for r in ctl.state.history]
     last = ctl.state.history[-1]["val_score"]
     assert last < ctl.best_score
+    said = capsys.readouterr().out
     score = trainer.evaluate()["eval_accuracy"]
     if not restore:
         assert score == last and trainer.model.head.num_dendrites == 1
+        assert "restored the best model" not in said
         return
     assert score == ctl.best_score
+    # the swap was silent: the model returned had fewer parameters than the last log said
+    assert (f"DendriteGrowthCallback: end of training: restored the best model (epoch "
+            f"{ctl.state.best_epoch} of the run, eval_accuracy {ctl.best_score:g}, "
+            f"{ctl.parameter_count()} parameters, 0 dendrite set(s))") in said
     structure, best = ctl.best_snapshot
     state = trainer.model.state_dict()
     assert all(torch.equal(state[k], v) for k, v in best.items())
