@@ -251,6 +251,10 @@ def as_score(value: Any, what: str = "validation score") -> float:
             value = value.item()
         except (TypeError, ValueError) as exc:
             raise ScoreError(f"the {what} must be one number, got {value!r}") from exc
+    if isinstance(value, (list, tuple)):
+        raise ScoreError(f"the {what} must be one number, got a {type(value).__name__} of "
+                         f"{len(value)} ({str(value)[:60]}); reduce it first (e.g. "
+                         "sum(values) / len(values), or the metric over the whole set)")
     if not isinstance(value, numbers.Real):
         raise ScoreError(f"the {what} must be a number, got {type(value).__name__} "
                          f"({value!r})")

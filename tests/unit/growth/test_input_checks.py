@@ -54,6 +54,7 @@ def test_a_large_init_scale_within_the_limit_still_grows_finite():
     (10**400, "too large"),
     (torch.tensor(True), "bool tensor"),
     (True, "bool"),
+    ([0.5, 0.6], r"one number, got a list of 2 \(\[0.5, 0.6\]\); reduce it first"),
 ])
 def test_scores_that_are_not_finite_numbers_are_score_errors(score, match):
     with pytest.raises(ScoreError, match=match):
