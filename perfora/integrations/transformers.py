@@ -122,6 +122,8 @@ class DendriteGrowthCallback(GrowthCallback, TrainerCallback):
         self.verbose = require_bool(verbose, "verbose")
         self.trainer: Trainer | None = None
         self._warned_missing = False
+        self._round_metrics: dict[str, Any] = {}  # the metrics of this round of evaluations
+        self._found_this_round = False
 
     # ------------------------------------------------------------------ binding
     def bind(self, trainer: Trainer) -> DendriteGrowthCallback:
@@ -182,7 +184,7 @@ class DendriteGrowthCallback(GrowthCallback, TrainerCallback):
             raise OrderError("DendriteGrowthCallback was not bound to the Trainer: call "
                              "growth.bind(trainer) after creating the Trainer and before "
                              "trainer.train()")
-        self._warned_missing = False
+        self._warned_missing, self._round_metrics, self._found_this_round = False, {}, False
         self._check_optimizer_covers_model()
         self._warn_if_early_stopping_comes_first()
 
@@ -210,6 +212,7 @@ class DendriteGrowthCallback(GrowthCallback, TrainerCallback):
         score = self._read_monitor(metrics or {})
         if score is None:
             return
+        self._found_this_round = True
         optimizer = trainer.optimizer
         decision = self._step(score, trainer.model, getattr(optimizer, "optimizer", optimizer))
         if decision.action != CONTINUE:
@@ -235,6 +238,7 @@ class DendriteGrowthCallback(GrowthCallback, TrainerCallback):
 
     def on_train_end(self, args: TrainingArguments, state: TrainerState,
                      control: TrainerControl, **kwargs: Any) -> None:
+        self._check_round()
         trainer, ctl = self.trainer, self.controller
         if self.restore_best_at_end and trainer is not None and ctl is not None and \
                 not ctl.completed and ctl.best_snapshot is not None:
@@ -307,16 +311,27 @@ class DendriteGrowthCallback(GrowthCallback, TrainerCallback):
 
     def _read_monitor(self, metrics: Mapping[str, Any]) -> float | None:
         assert self.monitor is not None
-        score = read_score(metrics, self.monitor, f"eval_{self.monitor}")
-        if score is None and not self._warned_missing:
-            self._warned_missing = True
-            warnings.warn(
-                f"DendriteGrowthCallback(monitor={self.monitor!r}) found no such metric after "
-                f"evaluation{did_you_mean(self.monitor, metrics)}; the metrics are "
-                f"{sorted(metrics)}. Nothing grows until it is reported: return it from "
-                "compute_metrics (its keys get the eval_ prefix) or pass "
-                "monitor=<one of them>", UserWarning, stacklevel=2)
-        return score
+        self._round_metrics.update(metrics)  # each eval dataset of a round reports apart
+        return read_score(metrics, self.monitor, f"eval_{self.monitor}")
+
+    def _check_round(self) -> None:
+        """After a round of evaluations (one per eval dataset), warn once when none of them
+        reported the monitored metric: nothing can grow."""
+        seen, found = self._round_metrics, self._found_this_round
+        self._round_metrics, self._found_this_round = {}, False
+        if not seen or found or self._warned_missing:
+            return
+        self._warned_missing = True
+        warnings.warn(
+            f"DendriteGrowthCallback(monitor={self.monitor!r}) found no such metric after "
+            f"evaluation{did_you_mean(self.monitor, seen)}; the metrics are "
+            f"{sorted(seen)}. Nothing grows until it is reported: return it from "
+            "compute_metrics (its keys get the eval_ prefix) or pass "
+            "monitor=<one of them>", UserWarning, stacklevel=3)
+
+    def on_step_begin(self, args: TrainingArguments, state: TrainerState,
+                      control: TrainerControl, **kwargs: Any) -> None:
+        self._check_round()
 
     # ------------------------------------------------------------------ state
     def save(self, path: str | os.PathLike) -> None:

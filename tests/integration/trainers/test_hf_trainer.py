@@ -395,3 +395,31 @@ def test_a_neuron_step_carries_the_moments_into_the_trainers_new_optimizer(tmp_p
     old, new = seen[0][1], seen[1][1]  # around the neuron step
     width = old.shape[0]
     assert new.shape[0] > width and torch.equal(new[:width], old) and not new[width:].any()
+
+
+def test_a_monitor_reported_by_one_of_several_eval_datasets_does_not_warn(tmp_path):
+    # each eval dataset reports on its own: the first one without the monitor warned that
+    # nothing could grow, although the other one reported it every epoch
+    from hf_tiny import Blobs
+
+    trainer = make_trainer(str(tmp_path), epochs=2)
+    trainer.eval_dataset = {"a": Blobs(64, 2), "b": Blobs(64, 3)}
+    growth = DendriteGrowthCallback(monitor="eval_a_accuracy", mode="max",
+                                    write_files=False).bind(trainer)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        trainer.train()
+    assert not [w for w in record if "found no such metric" in str(w.message)]
+    assert growth.controller.epoch == 2
+
+
+def test_a_monitor_no_eval_dataset_reports_warns_once(tmp_path):
+    trainer = make_trainer(str(tmp_path), epochs=2)
+    growth = DendriteGrowthCallback(monitor="eval_acc", mode="max",
+                                    write_files=False).bind(trainer)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        trainer.train()
+    said = [str(w.message) for w in record if "found no such metric" in str(w.message)]
+    assert len(said) == 1 and "(did you mean 'eval_accuracy'?)" in said[0]
+    assert growth.controller.epoch == 0
