@@ -18,7 +18,7 @@ from .plan_types import ATTENTION_NAMES, RESIDUAL, LayerPlan, is_producer, refus
 
 def known_blocks(model: nn.Module) -> list[LayerPlan]:
     """The Transformer feed-forward pairs, and refusals for the rest of those blocks."""
-    out: list[LayerPlan] = []
+    out: list[LayerPlan] = _hf_heads(model)
     for path, m in model.named_modules():
         pre = f"{path}." if path else ""
 
@@ -176,3 +176,28 @@ def _resnet_residual_writers(block: nn.Module, pre: str) -> list[str] | None:
     if _has_path(block, "shortcut.convolution"):
         writers.append(pre + "shortcut.convolution")
     return writers
+
+
+_HEAD_NAMES = ("classifier", "score", "lm_head", "qa_outputs")
+
+
+def _hf_heads(model: nn.Module) -> list[LayerPlan]:
+    """A Hugging Face model's output head (``classifier``, ``score``, ``lm_head``; the last
+    layer of a ``classifier`` Sequential): its width is the number of labels or the
+    vocabulary, so no reader can take new neurons. Found by the config's sizes, also where
+    the model does not trace."""
+    config = getattr(model, "config", None)
+    sizes = {getattr(config, k, None) for k in ("num_labels", "vocab_size")} - {None}
+    if not sizes or not hasattr(config, "to_dict"):
+        return []
+    producers = [(path, m) for path, m in model.named_modules() if path and is_producer(m)]
+    last_in = {path.rpartition(".")[0]: path for path, _ in producers}  # parent -> its last
+    out = []
+    for path, m in producers:
+        parent, _, name = path.rpartition(".")
+        named = name in _HEAD_NAMES or parent.rpartition(".")[2] in _HEAD_NAMES \
+            and last_in[parent] == path
+        if named and width_of(m, "out") in sizes:
+            out.append(refuse(path, "its output is an output of the model (its width is the "
+                                    "number of labels or the vocabulary)", "model head"))
+    return out

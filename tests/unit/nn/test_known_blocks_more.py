@@ -111,3 +111,11 @@ def test_a_resnet_stem_read_by_a_projection_shortcut_is_not_ruled_out():
     model = _hf_resnet(embedding_size=6)  # the first layer projects 6 -> 8 channels
     plan = perfora.plan_widening(model)
     assert "residual" not in plan.refused["resnet.embedder.embedder.convolution"]
+
+
+def test_a_models_output_head_is_named_as_such_where_the_model_does_not_trace():
+    # "its output leaves the nn.Sequential classifier, so its consumer is unknown; pass
+    # pairs=": no reader can take the new neurons of the labels' layer
+    plan = perfora.plan_widening(_hf_resnet(embedding_size=8))
+    assert plan.refused["classifier.1"].startswith("its output is an output of the model")
+    assert "pairs=" not in plan.refused["classifier.1"]
