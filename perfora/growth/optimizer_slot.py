@@ -51,6 +51,9 @@ class OptimizerSlot:
         self.saved_state: Callable[[], None] | None = None
         """A checkpoint's optimizer and scheduler state, loaded while no optimizer was
         registered: restored into the first one ``build_optimizer`` builds."""
+        self.scheduler_mark: tuple[Any, int] | None = None
+        """(the scheduler, its ``last_epoch``) right after perfora last stepped it."""
+        self.warned_double_step = False
 
     def set_recipe(self, cls: type[torch.optim.Optimizer], kwargs: dict[str, Any]) -> None:
         """Register the optimizer class and arguments; rebuilt after every restructure."""
@@ -75,6 +78,8 @@ class OptimizerSlot:
         if self.scheduler_recipe is not None:
             self.scheduler = self.scheduler_recipe.build(self.optimizer)
             check_plateau_mode(self.scheduler, maximize)
+            count = getattr(self.scheduler, "last_epoch", None)
+            self.scheduler_mark = (self.scheduler, count) if isinstance(count, int) else None
         return self.optimizer, self.scheduler
 
     def set_instance(self, optimizer: torch.optim.Optimizer, scheduler: Any = None) -> None:
@@ -166,8 +171,22 @@ class OptimizerSlot:
         return current_lr(self.optimizer)
 
     def step_scheduler(self, score: float, maximize: bool) -> None:
-        """Step the scheduler on a plain epoch (plateau schedulers get the score)."""
-        step_scheduler(self.scheduler, score, maximize)
+        """Step the scheduler on a plain epoch (plateau schedulers get the score); warn once
+        when it stepped in between as well (the loop kept its own ``scheduler.step()``)."""
+        scheduler = self.scheduler
+        mark, count = self.scheduler_mark, getattr(scheduler, "last_epoch", None)
+        if mark is not None and mark[0] is scheduler and isinstance(count, int) \
+                and count > mark[1] and not self.warned_double_step:
+            self.warned_double_step = True
+            warn_user(f"the LR scheduler ({type(scheduler).__name__}) was stepped "
+                      f"{count - mark[1]} time(s) since perfora stepped it at the last score: "
+                      "perfora steps a registered scheduler once per epoch itself (in "
+                      "step() / add_validation_score), so a scheduler.step() in your loop "
+                      "makes the schedule run twice as fast; remove it (a per-batch schedule "
+                      "that you step yourself: keep it, and do not register it)")
+        step_scheduler(scheduler, score, maximize)
+        count = getattr(scheduler, "last_epoch", None)
+        self.scheduler_mark = (scheduler, count) if isinstance(count, int) else None
 
 
 PER_BATCH_SCHEDULERS = ("OneCycleLR", "CyclicLR")

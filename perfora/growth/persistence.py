@@ -125,6 +125,7 @@ class CheckpointMethods:
         run = reader.read(path)
         self._settle_direction(run)
         self._restore(run, reader)
+        self._slot.scheduler_mark = None  # its step count is the checkpoint's now
         if run.optimizer is not None and self.warns_unrestored_optimizer:
             self._keep_unrestored_optimizer(run, reader, path.name)
         self._warn_unrestored_scheduler(run, path.name)
@@ -171,6 +172,7 @@ class CheckpointMethods:
         if self.scheduler is not None and run.scheduler is not None:
             self.scheduler.load_state_dict(with_keys_of(run.scheduler,
                                                         self.scheduler.state_dict()))
+        self._slot.scheduler_mark = None  # its step count is the checkpoint's now
         self._warn_unrestored_scheduler(run, "the loaded checkpoint")
 
     def _settle_direction(self, run: SavedRun) -> None:
@@ -232,6 +234,7 @@ class CheckpointMethods:
         if scheduler is not None:
             ctl.set_scheduler(scheduler, **(scheduler_args or {}))
         ctl._restore(run, reader, rehearsed)
+        ctl._slot.scheduler_mark = None  # its step count is the checkpoint's now
         ctl._warn_unrestored_scheduler(run, Path(str(path)).name)
         return ctl
 

@@ -113,3 +113,31 @@ def test_an_optimizer_registered_after_the_load_without_the_scheduler_warns(tmp_
     with pytest.warns(UserWarning, match="the loaded checkpoint holds the state of the LR "
                                          "scheduler"):
         again.build_optimizer()
+
+
+def test_a_loop_that_also_steps_the_registered_scheduler_is_warned_once(tmp_path):
+    # the schedule silently ran twice as fast (perfora steps it in step() as well)
+    ctl = _fresh(None)
+    ctl.set_optimizer(torch.optim.SGD, lr=0.1)
+    ctl.set_scheduler(lr_scheduler.StepLR, step_size=1, gamma=0.5)
+    _, scheduler = ctl.build_optimizer()
+    with pytest.warns(UserWarning, match=r"StepLR\) was stepped 1 time\(s\) since perfora "
+                                         r"stepped it.*remove it") as record:
+        for score in SCORES[:3]:
+            scheduler.step()
+            ctl.step(score)
+    assert sum("was stepped" in str(w.message) for w in record) == 1
+
+
+def test_a_resumed_run_stepped_by_perfora_alone_is_not_warned_about(tmp_path):
+    import warnings
+
+    _stepped_run(tmp_path)
+    resumed = perfora.resume(_build(), tmp_path / "latest.safetensors",
+                             optimizer=torch.optim.SGD, optimizer_args={"lr": 0.1},
+                             scheduler=lr_scheduler.StepLR,
+                             scheduler_args={"step_size": 2, "gamma": 0.5})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _train(resumed, 6)
+    assert resumed.scheduler.last_epoch == 6
