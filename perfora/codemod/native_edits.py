@@ -6,6 +6,8 @@ a DataParallel/DDP wrapper is kept as the user built it and re-wrapped by the co
 
 from __future__ import annotations
 
+import libcst as cst
+
 from .analysis import LineOf, Script
 from .common import ConvertOptions, add_flags, add_imports, maximize_of, note_done, opt_names
 from .edits import Edits, statements, with_blank_line
@@ -47,6 +49,7 @@ def native_edits(script: Script, opts: ConvertOptions, line_of: LineOf) -> Edits
                                      "perfora run: latest, best, switch_N or a checkpoint "
                                      "path'")], imports)
         if args is not None:
+            _skip_done_epochs(s, edits, ctl)
             block += [
                 f"if {args}.perfora_resume:  # continue a perfora run where it stopped",
                 f"    {dec} = {ctl}.load({args}.perfora_resume)",
@@ -98,3 +101,23 @@ def _loop(s: Script, edits: Edits, ctl: str, dec: str, line_of: LineOf) -> None:
                                   "after this loop's body) build the optimizer(s) again over "
                                   "model.parameters() by hand: perfora could not register "
                                   "them", MANUAL))
+
+
+def _skip_done_epochs(s: Script, edits: Edits, ctl: str) -> None:
+    """A resumed run goes on at the controller's epoch: the epoch loop (``for epoch in
+    range(...)``) skips the epochs already done, so the epoch numbers (a sampler's
+    ``set_epoch``, a schedule keyed on them) are the uninterrupted run's."""
+    loop = s.loop
+    node = loop.node if loop is not None else None
+    if not isinstance(node, cst.For) or not isinstance(node.target, cst.Name) \
+            or not isinstance(node.body, cst.IndentedBlock) or not node.body.body:
+        return
+    call = node.iter
+    if not (isinstance(call, cst.Call) and isinstance(call.func, cst.Name)
+            and call.func.value == "range" and 1 <= len(call.args) <= 2):
+        return
+    start = cst.Module([]).code_for_node(call.args[0].value) if len(call.args) == 2 else "0"
+    done = f"{ctl}.epoch" if start == "0" else f"{start} + {ctl}.epoch"
+    edits.insert_before(node.body.body[0], statements(
+        f"if {node.target.value} < {done}:  # perfora: done before the run was resumed\n"
+        "    continue"))

@@ -521,6 +521,9 @@ def test_native_resumes_from_a_checkpoint(tmp_path, runs):
     assert [int(r["epoch"]) for r in rows] == [1, 2, 3, 4]
     assert rows[-1]["event"] == "complete" and int(rows[-1]["dendrites"]) == 1
     assert len(second.stdout.splitlines()) == 2  # resumed after epoch 2: epochs 3 and 4
+    # numbered as in the uninterrupted run (the loop started again at 0, and a sampler's
+    # set_epoch then reshuffled as in epochs 0 and 1)
+    assert [line.split()[0] for line in second.stdout.splitlines()] == ["2", "3"]
 
 
 @pytest.mark.slow
