@@ -53,6 +53,7 @@ class CompatController(GrowthController):
 
     warns_unrestored_optimizer = False  # the recipe loads before setup_optimizer
     adopts_saved_direction = True  # load_system restores the tracker, its direction too
+    resume_hint = "model = UPA.load_system(model, save_name, 'latest', True)"
 
     def checkpoint_path(self, name: str) -> Path:
         """``best`` -> best_model.pt; ``latest``/``switch_N`` -> <name>.pt in the run folder

@@ -96,7 +96,7 @@ class GrowthController(ControllerViews, OnRequestMethods, OptimizerMethods,
         self._slot = OptimizerSlot()
         self._best: BestSnapshot | None = None  # the best model so far, for the rewind
         self._last_time = time.perf_counter()
-        self._writer = RunWriter(config, run_dir, write_files)
+        self._writer = RunWriter(config, run_dir, write_files, self.resume_hint)
         self._take_engine_optimizer()
         self._arm_probe()
 

@@ -56,6 +56,8 @@ class CheckpointMethods:
     # a load with another ``maximize`` than the saved run's is refused; the PerforatedAI
     # recipe's load_system restores the tracker, direction included: its controller adopts it
     adopts_saved_direction: bool = False
+    # how a message tells the user to resume this run (the PerforatedAI names for its recipe)
+    resume_hint: str = "controller.load('latest')"
 
     def _parts(self) -> RunParts:
         raise NotImplementedError
@@ -135,8 +137,10 @@ class CheckpointMethods:
         """A checkpoint whose run stepped an LR scheduler, loaded where none is registered:
         the learning rate would stay where it was for the rest of the run, silently."""
         if run.scheduler is None or self._slot.scheduler_recipe is not None \
-                or self.scheduler is not None or self._slot.saved_state is not None:
-            return  # (a pending optimizer state: the first build_optimizer says it)
+                or self.scheduler is not None or self._slot.saved_state is not None \
+                or not self.warns_unrestored_optimizer:
+            return  # (pending: the first build_optimizer says it; the PerforatedAI recipe
+            # builds a fresh optimizer and scheduler after its load, as PerforatedAI does)
         warn_user(f"{name} holds the state of the LR scheduler its run stepped "
                   f"(last_epoch {run.scheduler.get('last_epoch', '?')}), and none is "
                   "registered here, so the learning rate stays where it is from now on. To "

@@ -43,8 +43,9 @@ class RunWriter:
     """Writes one controller's run files on rank 0; decides when a checkpoint write is due."""
 
     def __init__(self, config: PerforaConfig, run_dir: str | Path | None,
-                 write_files: bool) -> None:
+                 write_files: bool, resume_hint: str = "controller.load('latest')") -> None:
         self.config = config
+        self.resume_hint = resume_hint
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.write_files = write_files
         self.best_unsaved = False  # the best snapshot changed since "best" was written
@@ -141,7 +142,7 @@ class RunWriter:
                           "them (a later resume from the newest switch_N may pick up that "
                           "run's). "
                           "Give each run its own run_dir (save_name under the PerforatedAI "
-                          "names), or resume that run: controller.load('latest')")
+                          f"names), or resume that run: {self.resume_hint}")
             self._earlier = []
         checkpointer = self.checkpointer(parts.backend)
         collective = checkpointer.collective

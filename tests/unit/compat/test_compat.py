@@ -532,3 +532,28 @@ def test_checkpoint_time_budget_is_a_gpa_pc_setting_too():
     with pytest.raises(ConfigError, match="checkpoint_time_budget must be a fraction"):
         GPA.pc.set_checkpoint_time_budget(-1)
     assert GPA.pc.get_checkpoint_time_budget() is None  # a refused value leaves the old one
+
+
+def test_the_recipes_load_before_setup_optimizer_gives_no_native_scheduler_advice():
+    # it warned "none is registered here ... controller.set_scheduler(...) before load()":
+    # native advice, where the recipe builds a fresh optimizer and scheduler after the load
+    # (as PerforatedAI does)
+    model = perforated()
+    GPA.pai_tracker.set_optimizer(torch.optim.SGD)
+    GPA.pai_tracker.set_scheduler(torch.optim.lr_scheduler.StepLR)
+    optimizer, scheduler = GPA.pai_tracker.setup_optimizer(model, {"lr": 0.1},
+                                                           {"step_size": 1, "gamma": 0.5})
+    for score in (0.1, 0.2):
+        train_a_bit(model, optimizer)
+        model, _, _ = GPA.pai_tracker.add_validation_score(score, model)
+    UPA.save_system(model, "RUN", "mid")
+    reset_settings()
+    fresh = UPA.perforate_model(build(), save_name="RUN4", maximizing_score=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        UPA.load_system(fresh, "RUN", "mid", True)
+        GPA.pai_tracker.set_optimizer(torch.optim.SGD)
+        GPA.pai_tracker.set_scheduler(torch.optim.lr_scheduler.StepLR)
+        _, scheduler = GPA.pai_tracker.setup_optimizer(fresh, {"lr": 0.1},
+                                                       {"step_size": 1, "gamma": 0.5})
+    assert scheduler.last_epoch == 0  # fresh, as PerforatedAI's recipe builds it

@@ -135,8 +135,11 @@ def test_a_new_run_in_a_save_name_holding_another_runs_pt_files_warns(tmp_path: 
     again = perforated("RUN")
     with pytest.warns(UserWarning, match=r"already holds another run's files "
                                          r"\(best_model\.pt, latest\.pt, switch_1\.pt, "
-                                         r"switch_2\.pt\).*the newest switch_N.*save_name"):
+                                         r"switch_2\.pt\).*the newest switch_N.*save_name.*"
+                                         r"UPA\.load_system\(model, save_name, 'latest', "
+                                         r"True\)") as record:
         pai_loop(again, 0, 1)
+    assert not any("controller.load" in str(w.message) for w in record)  # a native name
 
 
 def test_the_controllers_advice_comes_in_the_perforatedai_names() -> None:

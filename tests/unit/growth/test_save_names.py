@@ -58,7 +58,8 @@ def test_a_new_run_in_a_folder_holding_another_run_warns_and_a_resumed_one_does_
     first.step(0.5)
     first.save()
     again = _controller(tmp_path)
-    with pytest.warns(UserWarning, match=r"already holds another run's files \(best"):
+    with pytest.warns(UserWarning, match=r"already holds another run's files \(best.*"
+                                         r"resume that run: controller\.load\('latest'\)"):
         again.step(0.5)
     resumed = _controller(tmp_path)
     resumed.load("latest")
