@@ -250,7 +250,11 @@ def _restart_loop(settings: LaunchSettings, say: Callable[[str], None]) -> Launc
                 why = (f"timed out after {settings.attempt_timeout:g} s" if timed_out
                        else _describe_returncode(code))
                 return LaunchResult(1, f"the initialization run ({INIT_FLAG}) failed: {why}; "
-                                    "fix the error printed above and launch again", attempts)
+                                    "fix the error printed above and launch again. It runs "
+                                    "as one plain process, not under torchrun: a script "
+                                    "that calls init_process_group unconditionally fails "
+                                    "there (RANK not set); skip it when RANK is unset, or "
+                                    "leave --init out (it is optional)", attempts)
             say("init: done (exit code 0)")
 
         failures = restarts = 0

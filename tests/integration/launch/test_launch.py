@@ -201,3 +201,18 @@ def test_hanging_attempt_is_stopped_with_its_workers_and_counted_as_failure(
     pids = [int(p.read_text()) for p in sorted((tmp_path / "pids").glob("rank*.pid"))]
     assert len(pids) == 2
     assert not any(_alive(pid) for pid in pids)  # no orphaned rank left sleeping
+
+
+@pytest.mark.timeout(120)
+def test_an_init_run_that_needs_torchrun_says_why_it_failed(tmp_path: Path) -> None:
+    # it said "fix the error printed above" after torch's "environment variable RANK
+    # expected, but not set", without saying that --init runs outside torchrun
+    script = tmp_path / "needs_torchrun.py"
+    script.write_text("import torch.distributed as dist\n"
+                      "dist.init_process_group('gloo')\n")
+    proc = _launch(["--nproc-per-node", "2", "--save-name", "RUN", "--init", str(script)],
+                   tmp_path)
+    assert proc.returncode == 1
+    assert "the initialization run (--perforate_model_parallel) failed" in proc.stdout
+    assert "not under torchrun" in proc.stdout and "leave --init out" in proc.stdout
+    assert "attempt 1" not in proc.stdout
