@@ -20,7 +20,7 @@ from run_digits import DigitsNet, digits_loaders  # noqa: E402
 
 pytestmark = pytest.mark.xdist_group("test_lightning_schedules")
 
-EPOCHS, STEPS = 6, 14  # 1400 samples in batches of 100
+EPOCHS, STEPS = 4, 14  # 1400 samples in batches of 100
 LR = 0.01
 
 
@@ -55,7 +55,7 @@ def _fit(tmp_path, kind: str, growth: str) -> tuple[_Scheduled, DendriteGrowth]:
     torch.manual_seed(0)
     model = _Scheduled(kind)
     callback = DendriteGrowth(monitor="val_acc", mode="max", module="net", growth=growth,
-                              switch_mode="fixed", fixed_switch_num=2, max_dendrites=3,
+                              switch_mode="fixed", fixed_switch_num=1, max_dendrites=3,
                               max_neuron_steps=3, verbose=False)
     trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=EPOCHS, logger=False,
                          callbacks=[callback], enable_progress_bar=False,
