@@ -83,9 +83,9 @@ def unfollowed_call(node: torch.fx.Node) -> str:
     name = getattr(node.target, "__name__", str(node.target))
     what = f"its output goes to {name} ({node.op}), which a widening cannot follow"
     if name in _RESHAPES or node.target in (torch.reshape, torch.flatten, torch.squeeze):
-        return (f"{what}: only a flatten that keeps the batch axis is followed (x.flatten(1), "
-                "x.view(x.size(0), -1)); a shape with a fixed width would not fit the wider "
-                "tensor; pass pairs= if its readers are known")
+        return (f"{what}: of the reshapes only a flatten that keeps the batch axis is "
+                "followed (x.flatten(1), x.view(x.size(0), -1)); a shape with a fixed width "
+                "would not fit the wider tensor; pass pairs= if its readers are known")
     if name in _MODULE_FORMS:
         return (f"{what}: as a function it cannot run block by block (its last bits on the "
                 f"wider tensor may differ); use the module form, {_MODULE_FORMS[name]}, "

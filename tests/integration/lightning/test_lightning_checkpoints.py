@@ -13,6 +13,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from perfora.errors import ConfigError
 from perfora.integrations.lightning import DendriteGrowth, load_grown_checkpoint
 from tests.support.paths import SCRIPTS
 
@@ -122,3 +123,17 @@ def test_load_grown_checkpoint_loads_a_checkpoint_without_growth_as_lightning_do
     loaded = load_grown_checkpoint(_Evaluated, tmp_path / "plain.ckpt")
     assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(),
                                                  model.state_dict().values()))
+
+
+@pytest.mark.timeout(180)
+def test_a_checkpoint_that_grew_another_module_is_refused_naming_both(tmp_path):
+    _fit(tmp_path, "dendrites")
+    _, val = digits_loaders(100)
+    other = DendriteGrowth(monitor="val_acc", mode="max", module="net.0")
+    trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, callbacks=[other],
+                         enable_progress_bar=False, enable_model_summary=False,
+                         default_root_dir=str(tmp_path / "other"))
+    with pytest.raises(ConfigError, match=r"the checkpoint grew module 'net', this "
+                                          r"DendriteGrowth\(module='net.0'\)"):
+        trainer.test(_Evaluated(), val, ckpt_path=str(tmp_path / "ckpt" / "epoch=2.ckpt"),
+                     verbose=False)
