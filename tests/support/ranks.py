@@ -49,9 +49,11 @@ def _entry(rank: int, fn: Callable, job: str, world: int, args: tuple, pass_fold
 
 def _start_method(fn: Callable) -> str:
     """forkserver, preloaded with the heavy imports and ``fn``'s module on first use."""
-    if multiprocessing.get_start_method(allow_none=True) != "fork":
-        # the preload list is read when this pytest worker's forkserver starts (its first job)
-        multiprocessing.set_forkserver_preload([*PRELOAD, fn.__module__])
+    # The preload list is read when this pytest worker's forkserver starts (its first job), so
+    # it is set before every job, whatever the worker ran before: a check of the global start
+    # method here once left the forkserver of whichever worker had started another process
+    # first without the preload, and each of its ranks imported torch again (~8 s a job).
+    multiprocessing.set_forkserver_preload([*PRELOAD, fn.__module__])
     return "forkserver"
 
 
