@@ -6,11 +6,12 @@ the newest checkpoint; the run is over when ``NAME/.training_complete`` exists. 
 attempt (non-zero exit, e.g. a rank killed mid-epoch) is restarted the same way, up to
 ``max_failures``.
 
-Every attempt is a fresh ``python -m torch.distributed.run --standalone`` with
+Every attempt is a fresh torchrun agent (``torch.distributed.run --standalone``) with
 ``--max-restarts 0``: a new rendezvous on a new free port each time. torchrun's own
 in-place restarts reuse the agent's store, and with gloo the new workers then often read
 the previous attempt's peer addresses and fail ("Connection refused") or hang; a fresh
-launcher per attempt has no stale state to read.
+agent per attempt has no stale state to read. The agent is forked from the launcher, which
+has imported torch already (``forked_agent``), rather than started as a new interpreter.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from ..growth.restart import (
     newest_switch,
     run_completed,
 )
+from .forked_agent import ForkedAgent, can_fork_agent
 
 # why an attempt ended
 COMPLETE, RESTRUCTURED, FAILED, TIMED_OUT, NO_PROGRESS, INTERRUPTED = (
@@ -186,8 +188,14 @@ def _describe_returncode(code: int | None) -> str:
 
 
 def _run(cmd: Sequence[str], env: dict[str, str], timeout: float | None) -> tuple[int | None, bool]:
-    """Run ``cmd`` in its own process group; (returncode, timed_out). Kills the group on timeout."""
-    proc = subprocess.Popen(list(cmd), env=env, start_new_session=True)
+    """Run ``cmd`` in its own process group; (returncode, timed_out). Kills the group on timeout.
+
+    torchrun under this interpreter is forked from the launcher (no fresh torch import)."""
+    proc: subprocess.Popen | ForkedAgent
+    if can_fork_agent(cmd):
+        proc = ForkedAgent(cmd, env)
+    else:
+        proc = subprocess.Popen(list(cmd), env=env, start_new_session=True)
     try:
         return proc.wait(timeout=timeout), False
     except subprocess.TimeoutExpired:
@@ -198,7 +206,7 @@ def _run(cmd: Sequence[str], env: dict[str, str], timeout: float | None) -> tupl
         raise
 
 
-def _stop_group(proc: subprocess.Popen) -> None:
+def _stop_group(proc: subprocess.Popen | ForkedAgent) -> None:
     # torchrun's workers live in sessions of their own: SIGTERM lets torchrun stop them
     # (it sends them SIGTERM, then SIGKILL after 30 s); SIGKILL is the last resort
     for sig, wait in ((signal.SIGTERM, 45.0), (signal.SIGKILL, 15.0)):
