@@ -20,6 +20,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -190,9 +191,10 @@ def _describe_returncode(code: int | None) -> str:
 def _run(cmd: Sequence[str], env: dict[str, str], timeout: float | None) -> tuple[int | None, bool]:
     """Run ``cmd`` in its own process group; (returncode, timed_out). Kills the group on timeout.
 
-    torchrun under this interpreter is forked from the launcher (no fresh torch import)."""
+    torchrun under this interpreter is forked from the launcher (no fresh torch import), when
+    the launcher runs no other thread (a fork copies locks other threads may hold)."""
     proc: subprocess.Popen | ForkedAgent
-    if can_fork_agent(cmd):
+    if can_fork_agent(cmd) and threading.active_count() == 1:
         proc = ForkedAgent(cmd, env)
     else:
         proc = subprocess.Popen(list(cmd), env=env, start_new_session=True)
