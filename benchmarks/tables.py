@@ -32,6 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import tables_launch
 import tables_quality
 
 HERE = Path(__file__).resolve().parent
@@ -430,17 +431,6 @@ def table_restructure_memory() -> str:
                   "steady MiB with the widened model", "neuron step"], out)
 
 
-def table_multinode() -> str:
-    """``multinode.py``: one restructure in-process against a torchrun restart, 2 nodes."""
-    out = []
-    for r in _load("multinode.json")["rows"]:
-        out.append([str(r["ranks"]), f"{r['median_restructure_ms_error']:.0f}",
-                    f"{r['median_restructure_ms_default']:.1f}", f"{r['median_restart_ms']:.0f}",
-                    f"{r['restart_over_error']:.1f}x", f"{r['restart_over_default']:.0f}x"])
-    return _rows(["ranks", "in-process ms (error init)", "in-process ms (random init)",
-                  "restart ms", "restart / error init", "restart / random init"], out)
-
-
 TABLES: dict[str, Callable[[], str]] = {
     "overhead": table_overhead,
     "overhead-unfused": table_overhead_unfused,
@@ -462,7 +452,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "epoch-cost": table_epoch_cost,
     "checkpoint-io": table_checkpoint_io,
     "restructure-memory": table_restructure_memory,
-    "multinode": table_multinode,
+    **tables_launch.TABLES,
 }
 
 

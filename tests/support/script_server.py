@@ -165,6 +165,8 @@ def _child(job: dict, rank: int, port: int, results: int) -> None:
             code = 0
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
+            if exc.code is not None and not isinstance(exc.code, int):
+                print(exc.code, file=sys.stderr)  # as the interpreter prints it at exit
         except BaseException:  # noqa: B036 - report anything, as a crashed script would
             traceback.print_exc()
             code = 1

@@ -35,8 +35,9 @@ def test_the_tests_of_one_xdist_group_run_on_one_worker(tmp_path):
     env = {key: value for key, value in os.environ.items()
            if not key.startswith(("PYTEST_", "COV_"))}
     env["WORKERS_FILE"] = str(workers)
+    env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"  # xdist alone: the other plugins cost seconds
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-n", "2",
+        [sys.executable, "-m", "pytest", "-p", "xdist", "-p", "no:cacheprovider", "-q", "-n", "2",
          "--dist", "loadgroup", "test_grouped.py"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=100)
     assert done.returncode == 0, done.stdout + done.stderr

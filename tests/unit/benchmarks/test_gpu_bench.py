@@ -9,40 +9,43 @@ must be skipped and recorded, never silently dropped.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 from tests.support.paths import ROOT
+from tests.support.script_server import ScriptRun, ScriptServer
 
 SCRIPT = ROOT / "benchmarks" / "gpu_bench.py"
 
 
-def run(*args: str, timeout: int = 240) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True,
-                          text=True, timeout=timeout, cwd=ROOT)
+@pytest.fixture
+def run(script_server: ScriptServer, tmp_path: Path):
+    """``python benchmarks/gpu_bench.py ARGS``, forked from the warm script server."""
+    def bench(*args: str, timeout: int = 240) -> ScriptRun:
+        return script_server.run(SCRIPT, *args, cwd=tmp_path / "job", timeout=timeout)
+    return bench
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without CUDA")
-def test_without_cuda_it_refuses_and_says_how_to_dry_run():
+def test_without_cuda_it_refuses_and_says_how_to_dry_run(run):
     proc = run()
-    assert proc.returncode == 2
-    assert "no CUDA device" in proc.stderr and "--device cpu" in proc.stderr
+    assert proc.codes == [2]
+    assert "no CUDA device" in proc.log() and "--device cpu" in proc.log()
 
 
-def test_bad_arguments_are_refused_with_the_choices():
+def test_bad_arguments_are_refused_with_the_choices(run):
     proc = run("--device", "cpu", "--parts", "overhead,bogus")
-    assert proc.returncode == 2
-    assert "unknown part(s) bogus" in proc.stderr and "compiled" in proc.stderr
+    assert proc.codes == [2]
+    assert "unknown part(s) bogus" in proc.log() and "compiled" in proc.log()
 
 
-def test_work_beyond_the_budget_is_skipped_and_recorded(tmp_path):
+def test_work_beyond_the_budget_is_skipped_and_recorded(run, tmp_path):
     out = tmp_path / "gpu.json"
     proc = run("--device", "cpu", "--parts", "compiled,memory", "--budget-s", "0",
                "--out", str(out))
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.ok, proc.log()[-2000:]
     result = json.loads(out.read_text())
     compiled = result["compiled"]
     assert compiled["rows"] == {"fp32": [], "bf16": []}
@@ -51,11 +54,11 @@ def test_work_beyond_the_budget_is_skipped_and_recorded(tmp_path):
     assert "time budget" in result["memory"]["skipped"]
 
 
-def test_cpu_dry_run_writes_overhead_rows_and_ddp_ratios(tmp_path):
+def test_cpu_dry_run_writes_overhead_rows_and_ddp_ratios(run, tmp_path):
     out = tmp_path / "gpu.json"
     proc = run("--device", "cpu", "--quick", "--groups", "1", "--parts", "overhead,ddp",
                "--out", str(out))
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.ok, proc.log()[-2000:]
     result = json.loads(out.read_text())
     assert result["device_type"] == "cpu" and result["parts"] == ["overhead", "ddp"]
     for precision in ("fp32", "bf16"):

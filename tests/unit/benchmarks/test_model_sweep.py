@@ -5,20 +5,17 @@ bit-identical, and an unknown model name is refused with the choices."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 from tests.support.paths import ROOT
 
 SCRIPT = ROOT / "benchmarks" / "model_sweep.py"
 
 
-def test_the_torch_nn_models_pass_every_stage(tmp_path):
+def test_the_torch_nn_models_pass_every_stage(tmp_path, script_server):
     out = tmp_path / "sweep.json"
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--models",
-                           "mlp,cnn_bn,transformer_encoder", "--out", str(out)],
-                          capture_output=True, text=True, timeout=240, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr
+    proc = script_server.run(SCRIPT, "--models", "mlp,cnn_bn,transformer_encoder", "--out",
+                             str(out), cwd=tmp_path / "job", timeout=240)
+    assert proc.ok, proc.log()
     rows = json.loads(out.read_text())["rows"]
     assert [r["model"] for r in rows] == ["mlp", "cnn_bn", "transformer_encoder"]
     for row in rows:
@@ -26,11 +23,10 @@ def test_the_torch_nn_models_pass_every_stage(tmp_path):
         assert row["grow_output_change"] == 0 and row["widen_output_change"] == 0, row
         assert row["loss_finite"] and row["export_diff"] < 1e-5, row
     assert rows[1]["widenable"] == "2/3"  # both convs (through BatchNorm and Hardswish)
-    assert "| cnn_bn | 2 Conv2d, 1 Linear |" in proc.stdout
+    assert "| cnn_bn | 2 Conv2d, 1 Linear |" in proc.log()
 
 
-def test_an_unknown_model_is_refused_with_the_choices():
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--models", "resnet9000"],
-                          capture_output=True, text=True, timeout=120, cwd=ROOT)
-    assert proc.returncode != 0
-    assert "unknown model 'resnet9000'" in proc.stderr and "timm:NAME" in proc.stderr
+def test_an_unknown_model_is_refused_with_the_choices(tmp_path, script_server):
+    proc = script_server.run(SCRIPT, "--models", "resnet9000", cwd=tmp_path, timeout=120)
+    assert proc.codes[0] != 0
+    assert "unknown model 'resnet9000'" in proc.log() and "timm:NAME" in proc.log()

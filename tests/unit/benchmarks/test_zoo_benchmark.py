@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -14,13 +12,12 @@ pytest.importorskip("transformers")
 
 
 @pytest.mark.slow
-def test_quick_zoo_benchmark_writes_every_field(tmp_path):
+def test_quick_zoo_benchmark_writes_every_field(tmp_path, script_server):
     out = tmp_path / "zoo.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "zoo.py"), "--quick",
-                           "--rounds", "1", "--out", str(out)],
-                          capture_output=True, text=True, timeout=600, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "threads: 2" in proc.stdout
+    proc = script_server.run(ROOT / "benchmarks" / "zoo.py", "--quick", "--rounds", "1",
+                             "--out", str(out), cwd=tmp_path / "job", timeout=600)
+    assert proc.ok, proc.log()[-3000:]
+    assert "threads: 2" in proc.log()
     data = json.loads(out.read_text())
     assert data["threads"] == 2
     assert [r["model"] for r in data["results"]] == ["resnet18", "gpt2"]

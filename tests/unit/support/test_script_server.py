@@ -18,6 +18,8 @@ if sys.argv[1] == "sleep":
     time.sleep(float(sys.argv[2]))
 if sys.argv[1] == "fail":
     raise RuntimeError("deliberate")
+if sys.argv[1] == "exit":
+    sys.exit(int(sys.argv[2]) if sys.argv[2].isdigit() else sys.argv[2])
 names = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "KEEP", "DROP")
 print(json.dumps({"pid": os.getpid(), "cwd": os.getcwd(), "argv": sys.argv[1:],
                   "env": {n: os.environ.get(n) for n in names}}))
@@ -52,11 +54,15 @@ def test_each_rank_is_its_own_process_with_torchruns_variables(server, tmp_path)
     assert _printed(single, 0)["env"]["DROP"] == "server"
 
 
-def test_a_crash_is_exit_code_1_with_its_traceback_and_a_timeout_kills(server, tmp_path):
+def test_a_crash_or_exit_message_is_exit_code_1_with_its_text_and_a_timeout_kills(server, tmp_path):
     script = tmp_path / "show.py"
     script.write_text(SCRIPT)
     failed = server.run(script, "fail", cwd=tmp_path / "fail")
     assert failed.codes == [1] and "RuntimeError: deliberate" in failed.log()
+    # sys.exit(message) prints the message and exits 1, sys.exit(N) exits N, as in python
+    message = server.run(script, "exit", "unknown model 'x'", cwd=tmp_path / "message")
+    assert message.codes == [1] and message.log().strip() == "unknown model 'x'"
+    assert server.run(script, "exit", "2", cwd=tmp_path / "two").codes == [2]
     slow = server.run(script, "sleep", "30", cwd=tmp_path / "slow", ranks=2, timeout=1)
     assert slow.codes == [-9, -9] and not slow.ok
 
