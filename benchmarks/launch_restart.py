@@ -94,6 +94,11 @@ def summarize(runs: list[dict], attempts: int) -> list[dict]:
     return rows
 
 
+def output_path(args: argparse.Namespace) -> Path:
+    """Where the JSON goes: --json, else results/local/ (results/ with --update-stored)."""
+    return output_file(args, OUTPUT)
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--reps", type=int, default=3, help="launches per arm (default 3)")
@@ -128,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['per_attempt_s']:>12.2f} {r['fresh_over_forked']:>13.2f}")
     import torch
 
-    path = output_file(args, OUTPUT)
+    path = output_path(args)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({
         "benchmark": "launch_restart", "command": "python benchmarks/launch_restart.py "

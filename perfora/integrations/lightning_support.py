@@ -116,14 +116,20 @@ def load_grown_checkpoint(module_class: type, checkpoint_path: str | Path, *,
     the dendrites and neurons the checkpoint holds, and fails on the missing and resized
     keys. This builds it, gives the grown submodule the saved structure, then loads every
     weight strictly. ``kwargs`` go to ``load_from_checkpoint`` (hyperparameters to
-    override). A checkpoint without a DendriteGrowth entry loads as Lightning loads it."""
+    override). A checkpoint without a DendriteGrowth entry loads as Lightning loads it.
+
+    The file is memory-mapped and only the weights are read: the optimizer and scheduler
+    states and the callbacks' entries (perfora's holds a best-model snapshot) are never
+    loaded, so a checkpoint several times the model's size loads in about the model's
+    memory. The module's ``on_load_checkpoint`` sees every other entry."""
     path = Path(checkpoint_path)
-    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    checkpoint = _load_mapped(path)
     saved = callback_entry(checkpoint.get("callbacks") or {}, "")
     if not saved or not saved.get("structure"):
         return module_class.load_from_checkpoint(path, map_location=map_location, **kwargs)
-    bare = io.BytesIO()  # built and hooked as Lightning does, weights below (their shapes
-    torch.save({**checkpoint, "state_dict": {}}, bare)  # differ from a fresh module's)
+    bare = io.BytesIO()  # built and hooked as Lightning does; the weights are set below
+    torch.save({**{k: v for k, v in checkpoint.items() if k not in _TRAINING_STATE},
+                "state_dict": {}}, bare)  # (their shapes differ from a fresh module's)
     bare.seek(0)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*(contains no parameters|Found keys that)")
@@ -134,6 +140,21 @@ def load_grown_checkpoint(module_class: type, checkpoint_path: str | Path, *,
     fit_structure(target, saved["structure"], str(path))
     model.load_state_dict(checkpoint["state_dict"])  # strict: every key, every shape
     return model
+
+
+_TRAINING_STATE = ("state_dict", "optimizer_states", "lr_schedulers", "callbacks")
+"""A checkpoint's entries a module loaded for use does not need from Lightning's loader."""
+
+
+def _load_mapped(path: Path) -> dict[str, Any]:
+    """The checkpoint at ``path`` with its tensors memory-mapped (read from the file when
+    used); a checkpoint in torch's legacy (non-zip) format is read whole."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except RuntimeError as exc:
+        if "mmap" not in str(exc):
+            raise
+        return torch.load(path, map_location="cpu", weights_only=True)
 
 
 def _grown_module(state: Mapping[str, Any], structure: Mapping[str, Any]) -> str | None:

@@ -121,7 +121,6 @@ class DendriteGrowthCallback(GrowthCallback, TrainerCallback):
         self.log_metrics = require_bool(log_metrics, "log_metrics")
         self.verbose = require_bool(verbose, "verbose")
         self.trainer: Trainer | None = None
-        self._warned_missing = False
         self._round_metrics: dict[str, Any] = {}  # the metrics of this round of evaluations
         self._found_this_round = False
 
@@ -184,7 +183,7 @@ class DendriteGrowthCallback(GrowthCallback, TrainerCallback):
             raise OrderError("DendriteGrowthCallback was not bound to the Trainer: call "
                              "growth.bind(trainer) after creating the Trainer and before "
                              "trainer.train()")
-        self._warned_missing, self._round_metrics, self._found_this_round = False, {}, False
+        self._round_metrics, self._found_this_round = {}, False
         self._check_optimizer_covers_model()
         self._warn_if_early_stopping_comes_first()
 
@@ -238,7 +237,6 @@ class DendriteGrowthCallback(GrowthCallback, TrainerCallback):
 
     def on_train_end(self, args: TrainingArguments, state: TrainerState,
                      control: TrainerControl, **kwargs: Any) -> None:
-        self._check_round()
         trainer, ctl = self.trainer, self.controller
         if self.restore_best_at_end and trainer is not None and ctl is not None and \
                 not ctl.completed and ctl.best_snapshot is not None:
@@ -250,6 +248,7 @@ class DendriteGrowthCallback(GrowthCallback, TrainerCallback):
                            f"{ctl.best_score:g}, {ctl.parameter_count()} parameters, "
                            f"{ctl.num_dendrites} dendrite set(s))")
         self._finish()
+        self._check_round()  # after the run files are written: nothing is lost
 
     # ------------------------------------------------------------------ growth
     def rebuild(self, trainer: Trainer) -> None:
@@ -315,19 +314,19 @@ class DendriteGrowthCallback(GrowthCallback, TrainerCallback):
         return read_score(metrics, self.monitor, f"eval_{self.monitor}")
 
     def _check_round(self) -> None:
-        """After a round of evaluations (one per eval dataset), warn once when none of them
-        reported the monitored metric: nothing can grow."""
+        """After a round of evaluations (one per eval dataset), refuse to train on when none
+        of them reported the monitored metric: nothing could grow (the Trainer refuses a
+        ``metric_for_best_model`` it is not given in the same way)."""
         seen, found = self._round_metrics, self._found_this_round
         self._round_metrics, self._found_this_round = {}, False
-        if not seen or found or self._warned_missing:
+        if not seen or found:
             return
-        self._warned_missing = True
-        warnings.warn(
+        raise ConfigError(
             f"DendriteGrowthCallback(monitor={self.monitor!r}) found no such metric after "
             f"evaluation{did_you_mean(self.monitor, seen)}; the metrics are "
-            f"{sorted(seen)}. Nothing grows until it is reported: return it from "
+            f"{sorted(seen)}. Nothing can grow unless it is reported: return it from "
             "compute_metrics (its keys get the eval_ prefix) or pass "
-            "monitor=<one of them>", UserWarning, stacklevel=3)
+            "monitor=<one of them>")
 
     def on_step_begin(self, args: TrainingArguments, state: TrainerState,
                       control: TrainerControl, **kwargs: Any) -> None:

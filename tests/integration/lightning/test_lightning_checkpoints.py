@@ -15,9 +15,11 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from perfora.errors import ConfigError
 from perfora.integrations.lightning import DendriteGrowth, load_grown_checkpoint
-from tests.support.paths import SCRIPTS
+from tests.support.paths import ROOT, SCRIPTS
 
 sys.path.insert(0, str(SCRIPTS / "lightning"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from rss import peak_rss_bytes, reset_peak_rss, rss_bytes  # noqa: E402
 from run_digits import DigitsNet, digits_loaders  # noqa: E402
 
 pytestmark = pytest.mark.xdist_group("test_lightning_checkpoints")
@@ -109,6 +111,31 @@ def test_load_grown_checkpoint_builds_the_module_a_grown_fit_saved(tmp_path, gro
     x = torch.rand(4, 64)
     with torch.no_grad():
         assert torch.equal(loaded.eval()(x), model.eval()(x))
+
+
+@pytest.mark.timeout(180)
+def test_load_grown_checkpoint_reads_only_the_weights_of_a_large_checkpoint(tmp_path):
+    # it read the whole checkpoint, then copied all but the weights for Lightning's loader:
+    # a checkpoint with 256 MB of optimizer state took over 500 MB to load a small model
+    model, _, _ = _fit(tmp_path, "dendrites")
+    checkpoint = torch.load(tmp_path / "ckpt" / "epoch=2.ckpt", weights_only=True)
+    checkpoint["optimizer_states"] = [{"state": {0: {"exp_avg": torch.ones(2**26)}}}]
+    padded, legacy = tmp_path / "padded.ckpt", tmp_path / "legacy.ckpt"
+    torch.save(checkpoint, padded)
+    torch.save({**checkpoint, "optimizer_states": []}, legacy,
+               _use_new_zipfile_serialization=False)  # torch's old format: read whole
+    del checkpoint
+    x = torch.rand(4, 64)
+    with torch.no_grad():
+        expected = model.eval()(x)
+    start = rss_bytes()
+    reset_peak_rss()
+    loaded = load_grown_checkpoint(_Evaluated, padded)
+    assert peak_rss_bytes() - start < 64 * 2**20  # far below the 256 MB it never reads
+    from_legacy = load_grown_checkpoint(_Evaluated, legacy)
+    with torch.no_grad():
+        assert torch.equal(loaded.eval()(x), expected)
+        assert torch.equal(from_legacy.eval()(x), expected)
 
 
 def test_load_grown_checkpoint_loads_a_checkpoint_without_growth_as_lightning_does(tmp_path):

@@ -156,7 +156,7 @@ def test_resume_equals_the_uninterrupted_run(grown, tmp_path, after_growth):
     assert digest(trainer.model) == grown["digest"]
 
 
-def test_monitor_defaults_follow_the_trainer_and_a_missing_one_warns(tmp_path):
+def test_monitor_defaults_follow_the_trainer_and_a_missing_one_is_refused(tmp_path):
     trainer = make_trainer(str(tmp_path), epochs=1, metric_for_best_model="accuracy")
     growth = DendriteGrowthCallback().bind(trainer)
     assert (growth.monitor, growth.mode) == ("eval_accuracy", "max")
@@ -164,7 +164,8 @@ def test_monitor_defaults_follow_the_trainer_and_a_missing_one_warns(tmp_path):
     assert (plain.monitor, plain.mode) == ("eval_loss", "min")
     missing = make_trainer(str(tmp_path), epochs=1)
     DendriteGrowthCallback(monitor="eval_f1").bind(missing)
-    with pytest.warns(UserWarning, match=r"eval_f1.*'eval_accuracy', 'eval_loss'"):
+    # one epoch: refused at the end of training, after its run files are written
+    with pytest.raises(perfora.ConfigError, match=r"eval_f1.*'eval_accuracy', 'eval_loss'"):
         missing.train()
 
 
@@ -413,13 +414,16 @@ def test_a_monitor_reported_by_one_of_several_eval_datasets_does_not_warn(tmp_pa
     assert growth.controller.epoch == 2
 
 
-def test_a_monitor_no_eval_dataset_reports_warns_once(tmp_path):
-    trainer = make_trainer(str(tmp_path), epochs=2)
+def test_a_monitor_no_eval_dataset_reports_stops_the_run_naming_the_metrics(tmp_path):
+    # it warned once and trained on without growing: a typo cost the whole run. The Trainer
+    # itself refuses a metric_for_best_model that evaluation does not report, at the same
+    # point: after the first round of evaluation
+    trainer = make_trainer(str(tmp_path), epochs=3)
     growth = DendriteGrowthCallback(monitor="eval_acc", mode="max",
                                     write_files=False).bind(trainer)
-    with warnings.catch_warnings(record=True) as record:
-        warnings.simplefilter("always")
+    with pytest.raises(perfora.ConfigError, match=r"found no such metric after evaluation "
+                       r"\(did you mean 'eval_accuracy'\?\); the metrics are \[.*'eval_loss'"):
         trainer.train()
-    said = [str(w.message) for w in record if "found no such metric" in str(w.message)]
-    assert len(said) == 1 and "(did you mean 'eval_accuracy'?)" in said[0]
     assert growth.controller.epoch == 0
+    evaluated = [row for row in trainer.state.log_history if "eval_loss" in row]
+    assert len(evaluated) == 1  # stopped before a second epoch
