@@ -75,7 +75,8 @@ class ScriptServer:
     def submit(self, script: Path | str, *argv: str, cwd: Path, ranks: int = 1,
                env: dict[str, str] | None = None, unset: tuple[str, ...] = (),
                timeout: float = 240) -> None:
-        """Queue a job: ``script argv`` in ``cwd`` on ``ranks`` forked processes."""
+        """Queue a job: ``script argv`` in ``cwd`` on ``ranks`` forked processes
+        (``script`` ``"-m NAME"`` runs module NAME, as ``python -m NAME``)."""
         cwd.mkdir(parents=True, exist_ok=True)
         job = {"script": str(script), "argv": [str(a) for a in argv], "cwd": str(cwd),
                "ranks": ranks, "env": env or {}, "unset": list(unset), "timeout": timeout}
@@ -158,10 +159,15 @@ def _child(job: dict, rank: int, port: int, results: int) -> None:
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)  # stdin closed, as the tests run scripts: nothing may prompt
         sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
+        module = job["script"][3:] if job["script"].startswith("-m ") else None
         sys.argv = [job["script"], *job["argv"]]
-        sys.path.insert(0, str(Path(job["script"]).resolve().parent))  # as `python script`
+        # as `python script` (its folder first on the path) or `python -m module` (the cwd)
+        sys.path.insert(0, os.getcwd() if module else str(Path(job["script"]).resolve().parent))
         try:
-            runpy.run_path(job["script"], run_name="__main__")
+            if module:
+                runpy.run_module(module, run_name="__main__", alter_sys=True)
+            else:
+                runpy.run_path(job["script"], run_name="__main__")
             code = 0
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1

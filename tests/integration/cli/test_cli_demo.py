@@ -4,10 +4,7 @@ as a user copies it."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,19 +17,15 @@ from tests.support.script_server import ScriptServer
 ROOT = ROOT
 
 
-def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, "-m", "perfora.cli", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=240)
-
-
 @pytest.mark.timeout(300)
-def test_demo_json_reports_four_arms_and_writes_run_files(tmp_path: Path) -> None:
+def test_demo_json_reports_four_arms_and_writes_run_files(tmp_path: Path,
+                                                          script_server: ScriptServer) -> None:
     out = tmp_path / "runs"
-    proc = _run(["demo", "--json", "--seed", "1", "--out", str(out), "--patience", "4",
-                 "--max-dendrites", "2"], tmp_path)  # a shorter run than the default job
-    assert proc.returncode == 0, proc.stderr
-    result = json.loads(proc.stdout)
+    proc = script_server.run("-m perfora.cli", "demo", "--json", "--seed", "1", "--out",
+                             str(out), "--patience", "4", "--max-dendrites", "2",
+                             cwd=tmp_path / "job", timeout=240)  # shorter than the default job
+    assert proc.ok, proc.log()[-3000:]
+    result = json.loads(proc.log().strip().splitlines()[-1])
     arms = {a["name"]: a for a in result["arms"]}
     assert set(arms) == {"baseline", "grown", "wider", "wider-eq"}
     for arm in arms.values():

@@ -86,3 +86,13 @@ def test_an_interrupted_wait_leaves_no_outcome_for_the_next_job(tmp_path):
         after = fresh.run(script, "show", cwd=tmp_path / "next")
         assert after.ok and _printed(after, 0)["argv"] == ["show"]
         assert Path(after.cwd) == tmp_path / "next"
+
+
+def test_a_module_runs_as_python_dash_m_with_the_folder_on_the_path(server, tmp_path):
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / "local_tool.py").write_text(
+        "import sys\nprint(__name__, sys.argv[1:], sys.path[0])\n")
+    run = server.run("-m local_tool", "a", "b", cwd=job)  # importable from the cwd only
+    assert run.codes == [0]
+    assert run.log().split() == ["__main__", "['a',", "'b']", str(job)]
