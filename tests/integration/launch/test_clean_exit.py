@@ -1,11 +1,11 @@
 """A user's torchrun job that loads a grown run (FSDP2 or DDP) and ends with ``barrier()`` and
 ``destroy_process_group()`` exits 0: no abort at interpreter exit, no ``os._exit`` needed.
 
-The first test's jobs are ``tests/scripts/exits/grow_and_exit.py`` on 3 gloo ranks, launched by
+The first test's jobs are ``tests/scripts/exits/grow_and_exit.py`` on 2 gloo ranks, launched by
 ``benchmarks/clean_exit.py``'s helpers; the growing job ends the same way. The benchmark runs
-80 launches per kind (docs/distributed.md, "Ending a job", says how many exited 0 and why a
-job could abort before perfora's exit handler); this test runs a few, since each launch costs
-the job's imports on 3 ranks. The second launches the Fabric loop of
+80 launches per kind on 3 ranks (docs/distributed.md, "Ending a job", says how many exited 0
+and why a job could abort before perfora's exit handler); this test runs a few on 2, since
+each launch costs the job's imports on every rank. The second launches the Fabric loop of
 ``tests/scripts/trainers/train_fabric.py``, whose model is a local of ``main()``, twice at
 once (``benchmarks/fabric_exit.py`` runs many more).
 """
@@ -24,7 +24,7 @@ from clean_exit import grow, load_and_exit  # noqa: E402
 from fabric_exit import SCRIPTS as FABRIC_SCRIPTS  # noqa: E402
 from fabric_exit import run_launches  # noqa: E402
 
-RANKS, LOADS, TIMEOUT_S = 3, 1, 120
+RANKS, LOADS, TIMEOUT_S = 2, 1, 120
 
 
 @pytest.mark.slow
