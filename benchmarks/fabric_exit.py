@@ -15,9 +15,7 @@ says why such a launch could hang and what perfora does about it.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import signal
 import subprocess
 import sys
@@ -144,18 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         print(f"{r['script']:>8} {r['launches']:>9} {r['exit_0']:>7} {r['hung']:>5} "
               f"{r['other_failures']:>6}")
-    import torch
-
-    path = output_path(args)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({
-        "benchmark": "fabric_exit", "command": "python benchmarks/fabric_exit.py "
-        + " ".join(argv if argv is not None else sys.argv[1:]), "rows": rows,
-        "launches": launches, "at_once": args.at_once, "timeout_s": args.timeout_s,
-        "seconds": round(time.monotonic() - start, 1), "torch": torch.__version__,
-        "python": platform.python_version(), "cpus": os.cpu_count(),
-        "load_avg_after": os.getloadavg()}, indent=1))
-    print(f"wrote {path}")
+    output_paths.write_result(output_path(args), "fabric_exit", argv, start, {
+        "rows": rows, "launches": launches, "at_once": args.at_once,
+        "timeout_s": args.timeout_s})
     return 0
 
 

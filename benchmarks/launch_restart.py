@@ -15,9 +15,7 @@ is what makes it start torchrun afresh.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -25,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from output_paths import add_output_options, output_file
+from output_paths import add_output_options, output_file, write_result
 
 OUTPUT = "launch_restart.json"
 ROOT = Path(__file__).resolve().parents[1]
@@ -131,18 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         print(f"{r['arm']:>7} {r['launches']:>9} {r['failed']:>7} {r['median_s']:>9.2f} "
               f"{r['per_attempt_s']:>12.2f} {r['fresh_over_forked']:>13.2f}")
-    import torch
-
-    path = output_path(args)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({
-        "benchmark": "launch_restart", "command": "python benchmarks/launch_restart.py "
-        + " ".join(argv if argv is not None else sys.argv[1:]), "rows": rows, "runs": runs,
-        "attempts": args.attempts, "reps": args.reps,
-        "seconds": round(time.monotonic() - start, 1), "torch": torch.__version__,
-        "python": platform.python_version(), "cpus": os.cpu_count(),
-        "load_avg_after": os.getloadavg()}, indent=1))
-    print(f"wrote {path}")
+    write_result(output_path(args), "launch_restart", argv, start,
+                 {"rows": rows, "runs": runs, "attempts": args.attempts, "reps": args.reps})
     return 0 if all(r["completed"] for r in runs) else 1
 
 

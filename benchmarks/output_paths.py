@@ -50,3 +50,26 @@ def output_file(args: argparse.Namespace, name: str, flag: str = "json") -> Path
     """The file a run writes: the one given with ``--<flag>``, else ``name`` in
     results/local/ (results/ with ``--update-stored``)."""
     return getattr(args, flag) or results_dir(args.update_stored) / name
+
+
+def write_result(path: Path, benchmark: str, argv: list[str] | None, started: float,
+                 fields: dict) -> None:
+    """Write a benchmark's JSON: ``fields`` and what every stored result records beside them
+    (the command, the seconds since ``started`` on ``time.monotonic()``, torch, Python, the
+    cores and the load average at the end), then say where."""
+    import json
+    import os
+    import platform
+    import sys
+    import time
+
+    import torch
+
+    args = argv if argv is not None else sys.argv[1:]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({
+        "benchmark": benchmark, "command": " ".join([f"python benchmarks/{benchmark}.py", *args]),
+        **fields, "seconds": round(time.monotonic() - started, 1), "torch": torch.__version__,
+        "python": platform.python_version(), "cpus": os.cpu_count(),
+        "load_avg_after": os.getloadavg()}, indent=1))
+    print(f"wrote {path}")
