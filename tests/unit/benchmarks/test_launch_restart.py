@@ -1,5 +1,6 @@
 """``benchmarks/launch_restart.py``'s summary: medians of the launches that completed, per
-attempt, the fresh/forked ratio, and failed launches counted, never timed."""
+attempt, the fresh/forked ratio, and failed launches counted, never timed; and the result
+file every benchmark writes through ``output_paths.write_result``."""
 
 from __future__ import annotations
 
@@ -42,3 +43,21 @@ def test_nonpositive_counts_are_refused(args, capsys):
     with pytest.raises(SystemExit) as exc:
         main(args)
     assert exc.value.code == 2 and "at least 1" in capsys.readouterr().err
+
+
+def test_the_result_file_holds_the_fields_and_the_run_facts(tmp_path, capsys):
+    import json
+    import time
+
+    import torch
+    from output_paths import write_result
+
+    path = tmp_path / "deeper" / "launch_restart.json"  # its folder is made
+    write_result(path, "launch_restart", ["--reps", "2"], time.monotonic() - 3.0,
+                 {"rows": [{"arm": "forked"}], "reps": 2})
+    saved = json.loads(path.read_text())
+    assert saved["benchmark"] == "launch_restart" and saved["reps"] == 2
+    assert saved["command"] == "python benchmarks/launch_restart.py --reps 2"
+    assert saved["rows"] == [{"arm": "forked"}] and saved["seconds"] >= 3.0
+    assert saved["torch"] == torch.__version__ and len(saved["load_avg_after"]) == 3
+    assert f"wrote {path}" in capsys.readouterr().out
