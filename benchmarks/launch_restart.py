@@ -113,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.reps < 1 or args.attempts < 1:
         ap.error("--reps and --attempts must be at least 1")
+    if not args.timeout_s > 0:
+        ap.error(f"--timeout-s must be a positive number of seconds, got {args.timeout_s}")
     runs = []
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="perfora-launch-restart-") as tmp:

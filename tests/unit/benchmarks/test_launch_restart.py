@@ -38,11 +38,14 @@ def test_an_arm_without_a_completed_launch_has_no_median():
     assert fresh["launches"] == 0 and math.isnan(fresh["median_s"])
 
 
-@pytest.mark.parametrize("args", [["--reps", "0"], ["--attempts", "0"]])
-def test_nonpositive_counts_are_refused(args, capsys):
+@pytest.mark.parametrize("args,said", [(["--reps", "0"], "at least 1"),
+                                       (["--attempts", "0"], "at least 1"),
+                                       (["--timeout-s", "0"], "positive number of seconds"),
+                                       (["--timeout-s", "nan"], "positive number of seconds")])
+def test_nonpositive_counts_and_timeouts_are_refused(args, said, capsys):
     with pytest.raises(SystemExit) as exc:
         main(args)
-    assert exc.value.code == 2 and "at least 1" in capsys.readouterr().err
+    assert exc.value.code == 2 and said in capsys.readouterr().err
 
 
 def test_the_result_file_holds_the_fields_and_the_run_facts(tmp_path, capsys):
