@@ -25,7 +25,7 @@ from ..errors import ConfigError, PerforaError, require_bool
 from ..growth import GrowthController
 from ..growth.state import CONTINUE, Decision
 from ..nn.layers import dendritic_layers
-from ..nn.perforation import fit_structure, layer_specs
+from ..nn.perforation import layer_specs
 from ..parallel.sharded_state import is_fsdp1
 from ._common import (
     PHASE_CODES,
@@ -36,8 +36,14 @@ from ._common import (
     did_you_mean,
     read_score,
 )
+from .lightning_restore import (
+    checkpoint_structure,
+    is_installed,
+    mark_installed,
+    reshape_in_place,
+    reshaped,
+)
 from .lightning_support import (
-    callback_entry,
     load_grown_checkpoint,
     prime_optimizer_state,
     reinitialize_deepspeed,
@@ -155,7 +161,11 @@ class DendriteGrowth(GrowthCallback, Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._stage = stage
         if stage != "fit":  # test/validate/predict(ckpt_path=...): the saved structure first
-            self._take_saved_structure_on_load(trainer, pl_module)
+            if self._sharded(trainer.strategy):
+                self.prepare(pl_module)  # configure_model shards a perforated model
+                self._regrow_before_checkpoint_load(trainer, pl_module)
+            else:
+                self._take_saved_structure_on_load(trainer, pl_module)
             return
         if sum(isinstance(c, DendriteGrowth) for c in trainer.callbacks) > 1:
             raise ConfigError("the Trainer has more than one DendriteGrowth callback: each "
@@ -178,7 +188,7 @@ class DendriteGrowth(GrowthCallback, Callback):
         self.prepare(pl_module)
         self._pl_module = pl_module
         self.controller = None
-        if isinstance(strategy, ModelParallelStrategy | DeepSpeedStrategy | FSDPStrategy):
+        if self._sharded(strategy):
             self._regrow_before_checkpoint_load(trainer, pl_module)
         else:
             self._take_saved_structure_on_load(trainer, pl_module)
@@ -191,45 +201,55 @@ class DendriteGrowth(GrowthCallback, Callback):
         freshly built one. (Sharded strategies: :meth:`_regrow_before_checkpoint_load`.)"""
         strategy = trainer.strategy
         load = strategy.load_model_state_dict
-        if getattr(load, "perfora_structure_first", False):
+        if is_installed(load):
             return  # installed by an earlier stage of this Trainer
 
         def load_model_state_dict(checkpoint: Mapping[str, Any], *args: Any,
                                   **kwargs: Any) -> Any:
-            saved = callback_entry(checkpoint.get("callbacks") or {}, self.state_key)
-            structure = (saved or {}).get("structure")
-            if structure is not None and self.module_path is not None \
-                    and saved.get("module", self.module_path) != self.module_path:
-                raise ConfigError(
-                    f"the checkpoint grew module {saved.get('module')!r}, this "
-                    f"DendriteGrowth(module={self.module_path!r}); pass the same module=")
+            structure = checkpoint_structure(checkpoint.get("callbacks"), self.state_key,
+                                             self.module_path)
             if structure is not None:
-                target = self.target(pl_module)
-                if layer_specs(target) != structure:
-                    fit_structure(target, structure, "the checkpoint's dendrite structure")
+                reshape_in_place(self.target(pl_module), structure)
             return load(checkpoint, *args, **kwargs)
 
-        load_model_state_dict.perfora_structure_first = True
-        strategy.load_model_state_dict = load_model_state_dict  # this Trainer's strategy only
+        strategy.load_model_state_dict = mark_installed(load_model_state_dict)
 
     def _regrow_before_checkpoint_load(self, trainer: pl.Trainer,
                                        pl_module: pl.LightningModule) -> None:
-        """ModelParallelStrategy and DeepSpeed restore a checkpoint into the wrapped model,
-        after setup: give the model the saved dendrite structure first (re-sharded or in a
-        new engine), then let the strategy load."""
+        """ModelParallelStrategy, FSDP1 and DeepSpeed restore a checkpoint into the wrapped
+        model, after setup: give the model the saved structure first (re-sharded or in a new
+        engine), then let the strategy load. A fit's controller reshapes it (the growth run
+        resumes from there); test/validate/predict reshape it without the controller."""
         strategy = trainer.strategy
         load = strategy.load_checkpoint
+        if is_installed(load):
+            return  # installed by an earlier stage of this Trainer
 
         def load_checkpoint(checkpoint_path: Any, *args: Any, **kwargs: Any) -> Any:
             saved = saved_callback_state(Path(strategy.broadcast(checkpoint_path)),
                                          self.state_key)
-            if saved and saved.get("structure") and self.controller is not None:
-                grown = self.controller.match_structure(saved["structure"])
-                self._set_target(pl_module, grown)
+            structure = checkpoint_structure({self.state_key: saved} if saved else None,
+                                             self.state_key, self.module_path)
+            if structure and self._stage == "fit" and self.controller is not None:
+                self._set_target(pl_module, self.controller.match_structure(structure))
                 self._rebuild(trainer)
+            elif structure and self._stage != "fit":
+                target = self.target(pl_module)
+                if layer_specs(target) != structure:
+                    self._set_target(pl_module, reshaped(target, structure))
+                    # a fit's optimizers hold parameters the model no longer has (a
+                    # later fit builds its own)
+                    strategy.optimizers = []
+                    if isinstance(strategy, DeepSpeedStrategy):
+                        reinitialize_deepspeed(strategy, train=False)
             return load(checkpoint_path, *args, **kwargs)
 
-        strategy.load_checkpoint = load_checkpoint  # this Trainer's strategy only
+        strategy.load_checkpoint = mark_installed(load_checkpoint)
+
+    @staticmethod
+    def _sharded(strategy: Any) -> bool:
+        """Strategies that load a checkpoint's weights in ``load_checkpoint``."""
+        return isinstance(strategy, ModelParallelStrategy | DeepSpeedStrategy | FSDPStrategy)
 
     def _check_strategy(self, strategy: Any) -> None:
         if isinstance(strategy, FSDPStrategy) and (

@@ -60,19 +60,22 @@ def zero_stage(strategy: Any) -> int:
     return int((config.get("zero_optimization") or {}).get("stage", 0))
 
 
-def reinitialize_deepspeed(strategy: Any) -> None:
+def reinitialize_deepspeed(strategy: Any, *, train: bool = True) -> None:
     """A new DeepSpeed engine (ZeRO 0-2) over the grown module and a new optimizer.
 
     The old engine's gradient hooks are removed first (``engine.destroy()``), then
-    Lightning's own training initialization runs again: ``configure_optimizers`` and
-    ``deepspeed.initialize``. (Not ``init_deepspeed``: during validation it would build an
-    inference engine.)"""
+    Lightning's own initialization runs again: for training, ``configure_optimizers`` and
+    ``deepspeed.initialize`` (not ``init_deepspeed``: during validation it would build an
+    inference engine); with ``train=False`` (test, validate, predict), the inference engine."""
     engine = strategy.model
     destroy = getattr(engine, "destroy", None)
     if callable(destroy):
         destroy()
     strategy.model = strategy.lightning_module
-    strategy._initialize_deepspeed_train(strategy.model)
+    if train:
+        strategy._initialize_deepspeed_train(strategy.model)
+    else:
+        strategy._initialize_deepspeed_inference(strategy.model)
 
 
 def callback_entry(callbacks: Mapping[str, Any], key: str) -> dict[str, Any] | None:

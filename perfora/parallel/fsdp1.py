@@ -80,8 +80,12 @@ def wrap_fsdp1(model: nn.Module, **fsdp_kwargs: Any) -> nn.Module:
     parameters); ``fsdp_kwargs`` (``device_id=``, ``sharding_strategy=``,
     ``mixed_precision=``, ...) are kept and used again at every restructure. Prefer FSDP2
     (:func:`perfora.parallel.fsdp2.shard_fsdp2`); this is for code and strategies built on
-    FSDP1.
+    FSDP1. A model it already wrapped with the same arguments comes back as it is (Lightning's
+    ``configure_model`` runs again at every stage).
     """
+    spec = FSDP1Spec(dict(fsdp_kwargs))
+    if spec.same_as_held_by(model, "wrap_fsdp1"):
+        return model  # configure_model again (Lightning's test/validate/predict after fit)
     if is_fsdp1(model) or is_fsdp2(model):
         raise ParallelError("wrap_fsdp1 got a model that is already sharded; give it the "
                             "unsharded, perforated model")
@@ -93,4 +97,4 @@ def wrap_fsdp1(model: nn.Module, **fsdp_kwargs: Any) -> nn.Module:
             raise ParallelError(f"wrap_fsdp1 does not take {name}=: perfora wraps the model "
                                 "as one FSDP unit with use_orig_params=True so that it can "
                                 "resize the dendrite parameters")
-    return FSDP1Spec(dict(fsdp_kwargs)).wrap(model)
+    return spec.wrap(model)

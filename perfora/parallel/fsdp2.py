@@ -45,6 +45,9 @@ class FSDP2Spec(ShardSpec):
 
     kind = FSDP2_KIND
 
+    def _arguments(self) -> dict[str, Any]:
+        return {**self.kwargs, "per_layer": self.per_layer}
+
     def sharded(self, model: nn.Module) -> bool:
         """True when ``fully_shard`` was applied to ``model`` or a submodule."""
         return is_fsdp2(model)
@@ -132,12 +135,17 @@ def shard_fsdp2(model: nn.Module, *, per_layer: bool = True, **fully_shard_kwarg
     Every dendritic layer becomes its own FSDP unit (``per_layer``), then the whole model;
     ``fully_shard_kwargs`` (``mesh=``, ``reshard_after_forward=``, ...) are kept and used
     again at every restructure. Rank 0's values are broadcast first. Call it on every rank,
-    after :func:`perfora.perforate` and before creating the controller.
+    after :func:`perfora.perforate` and before creating the controller. A model it already
+    sharded with the same arguments comes back as it is, as Lightning's ``configure_model``
+    needs (it runs again for ``trainer.test``/``validate``/``predict`` after ``fit``).
     """
+    spec = FSDP2Spec(dict(fully_shard_kwargs), per_layer=per_layer)
+    if spec.same_as_held_by(model, "shard_fsdp2"):
+        return model  # configure_model again (Lightning's test/validate/predict after fit)
     if is_fsdp2(model):
         raise ParallelError("shard_fsdp2 got a model that is already sharded with "
                             "fully_shard; give it the unsharded, perforated model")
     if not dendritic_layers(model):
         raise ParallelError("shard_fsdp2 needs a perforated model: call "
                             "perfora.perforate(model) first")
-    return FSDP2Spec(dict(fully_shard_kwargs), per_layer=per_layer).wrap(model)
+    return spec.wrap(model)

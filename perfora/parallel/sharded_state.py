@@ -254,6 +254,26 @@ class ShardSpec:
         """The unsharded copy kept for the next re-shard (a CPU copy of every value)."""
         return copy.deepcopy(module).cpu()
 
+    def same_as_held_by(self, model: nn.Module, caller: str) -> bool:
+        """True when perfora already sharded ``model`` this way (Lightning calls
+        ``configure_model`` at every stage, so a second call must return the model as it
+        is); a model sharded otherwise, or with other arguments, raises ParallelError."""
+        held = getattr(model, _SPEC_ATTR, None)
+        if not isinstance(held, ShardSpec) or held.kind != self.kind:
+            return False
+        mine, theirs = self._arguments(), held._arguments()
+        if mine != theirs:
+            differ = sorted(k for k in mine.keys() | theirs.keys()
+                            if mine.get(k) != theirs.get(k))
+            raise ParallelError(f"{caller} got a model it already sharded with other "
+                                f"arguments ({', '.join(differ)}); give it the unsharded, "
+                                "perforated model, or the same arguments as before")
+        return True
+
+    def _arguments(self) -> dict[str, Any]:
+        """What a second call must repeat to be the same sharding."""
+        return dict(self.kwargs)
+
     def adopt(self, wrapped: nn.Module) -> nn.Module:
         """Mark a sharded model as this spec's, so that perfora can re-shard it."""
         object.__setattr__(wrapped, _SPEC_ATTR, self)

@@ -37,6 +37,10 @@ pytestmark = pytest.mark.xdist_group("test_lightning")
 ROOT = ROOT
 SCRIPT = SCRIPTS / "lightning" / "run_digits.py"
 RUN_TIMEOUT = 240
+# the FSDP2 fit several tests share (the first to ask runs it): a distributed checkpoint at
+# every epoch's end, then test/validate/a fresh Trainer's test with some of them
+FSDP2_RUN = ("--strategy", "model_parallel", "--max-epochs", "12", "--save-every-epoch", "--dcp",
+             "--evaluate-checkpoints")
 
 
 LAUNCH_ENV = ("MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "RANK", "WORLD_SIZE")
@@ -159,8 +163,7 @@ def test_resume_after_a_restructure_ends_identical_to_an_uninterrupted_run(runs,
 @pytest.mark.timeout(400)
 def test_fsdp2_through_model_parallel_strategy_matches_ddp(runs):
     ddp = record(runs("ddp_full", "--strategy", "ddp", "--max-epochs", "12", "--save-every-epoch"))
-    out = runs("fsdp2", "--strategy", "model_parallel", "--max-epochs", "12",
-               "--save-every-epoch", "--dcp")
+    out = runs("fsdp2", *FSDP2_RUN)
     fsdp = record(out)
     assert fsdp["sharded"], "the grown model must still be sharded"
     assert fsdp["events"] == ddp["events"] and fsdp["num_dendrites"] == 2
@@ -170,8 +173,7 @@ def test_fsdp2_through_model_parallel_strategy_matches_ddp(runs):
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_fsdp2_resume_from_a_distributed_checkpoint_ends_identical(runs, tmp_path, script_server):
-    full = record(runs("fsdp2", "--strategy", "model_parallel", "--max-epochs", "12",
-                       "--save-every-epoch", "--dcp"))
+    full = record(runs("fsdp2", *FSDP2_RUN))
     assert full["events"][:3] == ["", "", "restructure"]
     ckpt = runs("fsdp2") / "ckpt" / "epoch2.ckpt"  # saved right after the first growth step
     assert (ckpt / "meta.pt").exists()  # a folder of shards
@@ -181,6 +183,36 @@ def test_fsdp2_resume_from_a_distributed_checkpoint_ends_identical(runs, tmp_pat
     resumed = record(resumed_dir)
     assert resumed["sharded"] and resumed["events"] == full["events"]
     assert max_diff(resumed["params"], full["params"]) == 0.0
+
+
+def assert_checkpoints_evaluated(out: Path) -> None:
+    """What run_digits.py --evaluate-checkpoints recorded on each rank: every evaluated
+    model holds the checkpoint's parameters exactly, still sharded, and scores what the fit
+    logged at that epoch."""
+    for rank in ("rank0", "rank1"):
+        rec = record(out, rank)
+        last = max(rec["epoch_params"])
+        start, end = rec["epoch_params"][0], rec["epoch_params"][last]
+        # the checkpoints really differ in structure from the model the fit ended with
+        assert {k: v.shape for k, v in start.items()} != {k: v.shape for k, v in end.items()}
+        for name, epoch in (("test_epoch0", 0), ("validate_last", last), ("fresh_epoch2", 2)):
+            got, saved = rec["evaluated"][name], rec["epoch_params"][epoch]
+            assert got["sharded"], name
+            assert {k: v.shape for k, v in got["params"].items()} == \
+                {k: v.shape for k, v in saved.items()}, name
+            assert max_diff(got["params"], saved) == 0.0, name
+            assert got["widths"]["net.0"] == saved["net.0.base.weight"].shape[0]
+            kind = "val" if name.startswith("validate") else "test"
+            assert got["metrics"][f"{kind}_loss"] == rec["epoch_metrics"][epoch]["val_loss"]
+            assert got["metrics"][f"{kind}_acc"] == rec["epoch_metrics"][epoch]["val_acc"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_fsdp2_test_validate_and_a_fresh_trainer_load_checkpoints_of_other_structures(runs):
+    # configure_model runs again at every stage: shard_fsdp2 refused the model it had sharded
+    # (so no test after a fit), and a fresh module was not perforated before it
+    assert_checkpoints_evaluated(runs("fsdp2", *FSDP2_RUN))
 
 
 @pytest.mark.slow
@@ -193,8 +225,7 @@ def test_a_grown_two_device_checkpoint_resumes_on_one_device(runs, strategy, tmp
     if strategy == "ddp":
         first = runs("ddp_full", "--strategy", "ddp", "--max-epochs", "12", "--save-every-epoch")
     else:
-        first = runs("fsdp2", "--strategy", "model_parallel", "--max-epochs", "12",
-                     "--save-every-epoch", "--dcp")
+        first = runs("fsdp2", *FSDP2_RUN)
     saved = record(first)["epoch_params"][2]
     run_fit(tmp_path, "--strategy", strategy, "--devices", "1", "--max-epochs", "12",
             "--ckpt-path", str(first / "ckpt" / "epoch2.ckpt"), server=script_server)
@@ -434,11 +465,15 @@ def test_fsdp2_through_model_parallel_strategy_grows_neurons_as_ddp_does(tmp_pat
     # must be kept before it (they were lost, and the run ended 0.2 away from DDP's). DDP's
     # run is the reference.
     for strategy in ("ddp", "model_parallel"):
+        evaluate = ("--save-every-epoch", "--dcp", "--evaluate-checkpoints") \
+            if strategy == "model_parallel" else ()
         run_fit(tmp_path / strategy, "--strategy", strategy, "--max-epochs", "7", "--growth",
-                "neurons", server=script_server)
+                "neurons", *evaluate, server=script_server)
     ddp, fsdp = record(tmp_path / "ddp"), record(tmp_path / "model_parallel")
     assert fsdp["sharded"], "the widened model must still be sharded"
     assert fsdp["events"] == ddp["events"] and fsdp["events"].count("restructure") == 2
     assert fsdp["widths"] == ddp["widths"] == {"net.0": 48, "net.2": 10}
     assert max_diff(fsdp["params"], ddp["params"]) < 1e-6
     assert max_diff(fsdp["params"], record(tmp_path / "model_parallel", "rank1")["params"]) == 0
+    # and test/validate/a fresh Trainer load checkpoints of other widths, re-sharded
+    assert_checkpoints_evaluated(tmp_path / "model_parallel")

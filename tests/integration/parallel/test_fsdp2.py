@@ -371,3 +371,28 @@ def test_compat_recipe_refuses_a_model_sharded_after_perforate_model(tmp_path):
 
 
 _ = batch  # the shared batches come through train_epoch
+
+
+def _sharded_twice(rank: int, tmp: Path) -> dict:
+    """shard_fsdp2 called again, as Lightning's configure_model is at every stage."""
+    from torch.distributed.fsdp import fully_shard
+
+    model = shard_fsdp2(make_model(seed=3), mesh=init_device_mesh("cpu", (WORLD,)))
+    out = {"same": shard_fsdp2(model, mesh=init_device_mesh("cpu", (WORLD,))) is model}
+    for name, call in (("other_args", lambda: shard_fsdp2(model, reshard_after_forward=False)),
+                       ("not_ours", lambda: shard_fsdp2(fully_shard(make_model(seed=4))))):
+        try:
+            call()
+            out[name] = None
+        except perfora.ParallelError as exc:
+            out[name] = str(exc)
+    return out
+
+
+@pytest.mark.timeout(150)
+def test_shard_fsdp2_returns_a_model_it_sharded_the_same_way_and_refuses_other_arguments(
+        tmp_path):
+    for r in run_ranks(_sharded_twice, tmp_path):
+        assert r["same"]
+        assert "other arguments (mesh, reshard_after_forward)" in r["other_args"]
+        assert "already sharded with fully_shard" in r["not_ours"]

@@ -67,6 +67,12 @@ class DigitsNet(pl.LightningModule):
         self.log("val_acc", acc, sync_dist=True, prog_bar=True)
         self.log("val_loss", nn.functional.cross_entropy(logits, y), sync_dist=True)
 
+    def test_step(self, batch, batch_idx):
+        x, y = batch
+        logits = self(x)
+        self.log("test_acc", (logits.argmax(-1) == y).float().mean(), sync_dist=True)
+        self.log("test_loss", nn.functional.cross_entropy(logits, y), sync_dist=True)
+
     def configure_optimizers(self):
         params = [p for p in self.parameters() if p.requires_grad]
         opt = torch.optim.Adam(params, lr=self.lr)
@@ -97,10 +103,13 @@ class RecordEpochs(pl.Callback):
 
     def __init__(self) -> None:
         self.params: dict[int, dict[str, torch.Tensor]] = {}
+        self.metrics: dict[int, dict[str, float]] = {}
 
     def on_validation_end(self, trainer, pl_module) -> None:
-        if not trainer.sanity_checking:
+        if not trainer.sanity_checking and trainer.state.fn == "fit":
             self.params[trainer.current_epoch] = flat_params(pl_module)
+            self.metrics[trainer.current_epoch] = {
+                k: float(trainer.callback_metrics[k]) for k in ("val_loss", "val_acc")}
 
 
 def flat_params(module: nn.Module) -> dict[str, torch.Tensor]:
@@ -109,6 +118,53 @@ def flat_params(module: nn.Module) -> dict[str, torch.Tensor]:
     for name, p in module.named_parameters():
         t = p.full_tensor() if hasattr(p, "full_tensor") else p
         out[name] = t.detach().float().cpu().clone()
+    return out
+
+
+def make_strategy(args: argparse.Namespace) -> tuple[bool | str, object]:
+    """(the model's ``shard`` setting, a new Trainer strategy) for ``--strategy``."""
+    strategy = args.strategy
+    shard: bool | str = strategy == "model_parallel"
+    if strategy == "fsdp1":
+        from lightning.pytorch.strategies import FSDPStrategy
+
+        shard, strategy = "fsdp1", FSDPStrategy(use_orig_params=True)
+    if shard is True:
+        from lightning.pytorch.strategies import ModelParallelStrategy
+
+        strategy = ModelParallelStrategy(data_parallel_size=args.devices,
+                                         tensor_parallel_size=1,
+                                         save_distributed_checkpoint=args.dcp)
+    return shard, strategy
+
+
+def evaluate_checkpoints(args: argparse.Namespace, trainer: pl.Trainer, model: DigitsNet,
+                         val: DataLoader, ckpts: Path, last_epoch: int) -> dict[str, dict]:
+    """After the fit: the same Trainer tests the epoch-0 checkpoint (before any growth) and
+    validates the last epoch's; a fresh Trainer tests a fresh module on the epoch-2 one. Each
+    entry: the metrics, the parameters and the widths the model then has."""
+    def state(module: nn.Module, metrics: list[dict]) -> dict:
+        return {"metrics": {k: float(v) for k, v in metrics[0].items()},
+                "params": flat_params(module),
+                "sharded": any(type(p).__name__ == "DTensor" for p in module.parameters()),
+                "widths": {n: m.num_neurons for n, m in
+                           __import__("perfora").dendritic_layers(module).items()}}
+
+    last = ckpts / f"epoch{last_epoch}.ckpt"
+    first = trainer.test(model, val, ckpt_path=str(ckpts / "epoch0.ckpt"), verbose=False)
+    out = {"test_epoch0": state(model, first)}
+    out["validate_last"] = state(model, trainer.validate(model, val, ckpt_path=str(last),
+                                                         verbose=False))
+    shard, strategy = make_strategy(args)
+    fresh = DigitsNet(shard=shard)
+    fresh_trainer = pl.Trainer(accelerator=args.accelerator, devices=args.devices,
+                               strategy=strategy, logger=False, enable_progress_bar=False,
+                               enable_model_summary=False, default_root_dir=str(ckpts.parent),
+                               callbacks=[DendriteGrowth(monitor="val_acc", mode="max",
+                                                         module="net", growth=args.growth)])
+    out["fresh_epoch2"] = state(fresh, fresh_trainer.test(fresh, val,
+                                                          ckpt_path=str(ckpts / "epoch2.ckpt"),
+                                                          verbose=False))
     return out
 
 
@@ -139,24 +195,16 @@ def main() -> None:
     ap.add_argument("--grow-fraction", type=float, default=None)
     ap.add_argument("--dendrite-init", default=None)
     ap.add_argument("--growth", default="dendrites", help="dendrites, neurons or auto")
+    ap.add_argument("--evaluate-checkpoints", action="store_true",
+                    help="after fit (with --save-every-epoch): test, validate and test in a "
+                         "fresh Trainer with checkpoints of other structures")
     args = ap.parse_args()
     torch.set_num_threads(1)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     pl.seed_everything(7, workers=True)
 
-    strategy = args.strategy
-    shard: bool | str = strategy == "model_parallel"
-    if strategy == "fsdp1":
-        from lightning.pytorch.strategies import FSDPStrategy
-
-        shard, strategy = "fsdp1", FSDPStrategy(use_orig_params=True)
-    if shard is True:
-        from lightning.pytorch.strategies import ModelParallelStrategy
-
-        strategy = ModelParallelStrategy(data_parallel_size=args.devices,
-                                         tensor_parallel_size=1,
-                                         save_distributed_checkpoint=args.dcp)
+    shard, strategy = make_strategy(args)
     model = DigitsNet(shard=shard)
     growth_cls = GrowthWithoutRewrap if args.no_rewrap else DendriteGrowth
     chosen = {k: v for k, v in (("grow_fraction", args.grow_fraction),
@@ -213,6 +261,10 @@ def main() -> None:
         "logged": {k: float(v) for k, v in trainer.callback_metrics.items()
                    if k.startswith("perfora/")},
     }
+    if args.evaluate_checkpoints:
+        record["evaluated"] = evaluate_checkpoints(args, trainer, model, val, out / "ckpt",
+                                                  max(epochs.params))
+        record["epoch_metrics"] = epochs.metrics
     rank = int(os.environ.get("LOCAL_RANK", trainer.global_rank))
     if args.strategy == "ddp_spawn":
         # this code runs in the launching process after the workers returned
