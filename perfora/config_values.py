@@ -77,3 +77,12 @@ def nonneg_float(name: str, value: Any) -> float:
     if value < 0:
         raise ConfigError(f"{name} must be >= 0, got {value}")
     return float(value)
+
+
+def in_range(name: str, value: Any, high: float, what: str) -> float:
+    """A finite number in (0, ``high``] as a float; otherwise ConfigError saying ``what``
+    the setting means."""
+    if (isinstance(value, bool) or not isinstance(value, int | float)
+            or not math.isfinite(value) or not 0 < value <= high):
+        raise ConfigError(f"{name} must be {what}, got {value!r}")
+    return float(value)

@@ -102,19 +102,23 @@ def get_state(module: nn.Module, optimizer: torch.optim.Optimizer | None = None
 
 def set_state(module: nn.Module, optimizer: torch.optim.Optimizer | None,
               model_sd: Mapping[str, Any], optim_sd: Mapping[str, Any] | None,
-              source: str) -> None:
+              source: str, strict_optimizer: bool = True) -> None:
     """``set_state_dict`` with loaded tensors; CheckpointError naming ``source`` when they do
-    not fit the model or the optimizer."""
-    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
+    not fit the model or the optimizer. ``strict_optimizer=False``: the saved optimizer state
+    may lack parameters (the caller clears what they hold)."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
 
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=_SHARDED_TENSOR)
+            set_model_state_dict(module, dict(model_sd))
             if optimizer is not None:
-                set_state_dict(module, [optimizer], model_state_dict=dict(model_sd),
-                               optim_state_dict=optim_sd)
-            else:
-                set_model_state_dict(module, dict(model_sd))
+                set_optimizer_state_dict(module, [optimizer], optim_sd,
+                                         options=StateDictOptions(strict=strict_optimizer))
     except (ValueError, KeyError, RuntimeError) as exc:
         raise CheckpointError(f"{source}: the saved state does not fit the model or the "
                               f"optimizer registered now ({exc}); build the same model and "

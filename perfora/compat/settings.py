@@ -295,10 +295,11 @@ class PAISettings:
             "activation": activation_name(v["pai_forward_function"]),
             "rule": "correlation" if v["perforated_backpropagation"] else "gd",
             # PerforatedAI's growth, whatever perfora's defaults are: every neuron gets a
-            # dendrite with random weights
+            # dendrite with random weights, and the optimizer starts afresh after it
             "dendrite_init": "default",
             "grow_fraction": 1.0,
             "growth": "dendrites",
+            "dendrite_optimizer": "restart",
             "checkpoint_time_budget": v["checkpoint_time_budget"],
         }
         if mode == DOING_NO_SWITCH:

@@ -157,6 +157,12 @@ class GrowthController(ControllerViews, OnRequestMethods, OptimizerMethods,
         """What the next growth step adds: the config's kind, or auto's choice."""
         return self.state.auto_kind if self.config.growth == "auto" else self.config.growth
 
+    def _carries(self, kind: str | None) -> bool:
+        """True when the optimizer's state goes on through a growth step of ``kind``: always
+        after neurons, after dendrites unless ``dendrite_optimizer='restart'``."""
+        return kind == "neurons" or (kind == "dendrites"
+                                     and self.config.dendrite_optimizer == "carry")
+
     def _grow(self, kind: str | None = None, kept: bool = False) -> str:
         """Grow ``kind`` (default: the config's, or auto's choice), rebuild what trains, and
         say where: a neuron step's layers, selective sets' neurons ('' for full sets).
@@ -178,10 +184,14 @@ class GrowthController(ControllerViews, OnRequestMethods, OptimizerMethods,
             self._usage.after_restructure(self._layers(), kept=before)
             make_room_for_recompiles(self.state.additions + 1)
             return added
+        if not kept and self._carries(kind):
+            self._slot.keep_for_widening(self.model, self.backend)
         self._swap(surgery.grow(self.model, self.backend, self.config, self.state,
                                 self._probe))
         self.rule.after_growth(self._layers())
         self._rebuild_after_change()
+        if self._carries(kind):
+            self._slot.carry_after_widening(self.model, self.backend)
         if not self.backend.sharded:
             self._usage.after_restructure(self._layers())
         make_room_for_recompiles((self.state.additions if self.config.growth == "auto"
@@ -253,13 +263,13 @@ class GrowthController(ControllerViews, OnRequestMethods, OptimizerMethods,
         kind = self._grow_kind() if verdict.grow else None
         row.update(decision_cells(kind, self.state.best_epoch
                                   if verdict.rewind and self._best is not None else None))
-        if kind == "neurons":
+        if self._carries(kind):
             # kept before the rewind: under FSDP and ZeRO-3 the rewind re-shards, and the
             # optimizer then holds parameters the model no longer has
             self._slot.keep_for_widening(self.model, self.backend)
         if verdict.rewind:
             self._rewind_to_best()
-            if kind == "neurons":
+            if self._carries(kind):
                 self._slot.narrow_kept(self.model, self.backend)
         added = self._grow(kind, kept=True) if verdict.grow else ""
         if verdict.action == Action.COMPLETE and verdict.rewind:

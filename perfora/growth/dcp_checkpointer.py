@@ -42,6 +42,7 @@ from ..errors import CheckpointError, ConfigError, ShapeMismatchError
 from ..nn.layers import unwrap_model
 from ..nn.perforation import fit_structure
 from ..parallel.base import ParallelBackend, optimizer_is_current
+from ..parallel.sharded_state import _FSDP1_PREFIX
 from .optim import OptimizerRecipe, SchedulerRecipe
 from .rehearsal import rehearse_rule
 from .saved_run import Captured, Checkpointer, RunParts, SavedRun, check_run_state
@@ -149,25 +150,42 @@ class DcpCheckpointer(Checkpointer):
         target: dict[str, Any] = {"model": model_sd}
         if restore_opt:
             tensors, _ = split_optimizer(optim_sd)
-            own = {f"{fqn}.{key}" for fqn, entry in tensors.items() for key in entry}
-            saved = set(shards.shapes.get(OPTIMIZER_GROUP, {}))
-            if own != saved:
-                diff = sorted(own ^ saved)[:4]
-                raise CheckpointError(f"{run.source}: the optimizer state does not fit the "
-                                      f"optimizer registered now (differs in {diff}); register "
-                                      "the same optimizer class and arguments as the saved run")
-            target[OPTIMIZER_GROUP] = tensors
+            saved = _saved_part(tensors, set(shards.shapes.get(OPTIMIZER_GROUP, {})),
+                                run.source)
+            stateless = frozenset(tensors) - frozenset(saved)
+            target[OPTIMIZER_GROUP] = saved
         if "best" in shards.shapes:
             target["best"] = {k: torch.empty(s, dtype=d)
                               for k, (s, d) in shards.shapes["best"].items()}
         load_dcp(shards.path, target, shards.metadata)
         set_state(module, opt if restore_opt else None, target["model"],
                   join_optimizer(target[OPTIMIZER_GROUP], run.optimizer) if restore_opt
-                  else None, run.source)
+                  else None, run.source, strict_optimizer=not (restore_opt and stateless))
+        if restore_opt and stateless:  # as saved: no state yet (a fresh optimizer's)
+            for name, param in module.named_parameters():
+                if name.replace(_FSDP1_PREFIX, "") in stateless:
+                    opt.state.pop(param, None)
         if "best" not in target:
             return None
         run.best_tensors = target["best"]
         return run.best
+
+
+def _saved_part(tensors: dict[str, dict[str, Any]], saved: set[str], source: Any
+                ) -> dict[str, dict[str, Any]]:
+    """The optimizer's state entries the checkpoint holds. A parameter with no saved state
+    at all (one added by the growth step just before the save, not yet stepped) keeps none;
+    anything else that differs means another optimizer: CheckpointError."""
+    own = {f"{fqn}.{key}" for fqn, entry in tensors.items() for key in entry}
+    with_state = {key.rsplit(".", 1)[0] for key in saved}
+    unsaved = {fqn for fqn in tensors if fqn not in with_state}
+    differ = saved - own or {key for key in own - saved
+                             if key.rsplit(".", 1)[0] not in unsaved}
+    if differ:
+        raise CheckpointError(f"{source}: the optimizer state does not fit the optimizer "
+                              f"registered now (differs in {sorted(differ)[:4]}); register the "
+                              "same optimizer class and arguments as the saved run")
+    return {fqn: entry for fqn, entry in tensors.items() if fqn not in unsaved}
 
 
 def _check_backend(backend: ParallelBackend, config: PerforaConfig) -> None:

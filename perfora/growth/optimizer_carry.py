@@ -1,18 +1,19 @@
-"""The optimizer carries on through neuron growth: moments kept, the schedule continued.
+"""The optimizer carries on through growth: moments kept, the schedule continued.
 
-A widening replaces parameters with larger ones whose old entries are a leading slice (new
-rows and columns are appended). :func:`capture` keeps, by parameter name, the optimizer's
-per-parameter state, each group's learning rate and the scheduler's state; :func:`carry_into`
-puts them into the optimizer rebuilt over the widened model: each moment (a tensor shaped like
-its parameter) is copied into the leading slice of a zero tensor of the new shape, scalars
-such as Adam's ``step`` as they are. New entries start at zero, as a fresh optimizer's would.
-Under FSDP2 each moment is a shard: a widened parameter's moment is gathered whole (a
-collective, in name order on every rank), grown, and cut to the new parameter's shard. Under
-FSDP1, whose moments are flat slices, :func:`capture_whole` keeps the whole state (the
-backend's full optimizer state, a collective) and :func:`carry_whole_into` grows it against
-the re-sharded template's shapes and loads it through the backend. Under DeepSpeed, whose
-engine builds the optimizer, :func:`capture_engine` and :func:`carry_engine_into` do the
-same through the backend's reads and writes of the engine's partitions.
+A widening (and a dendrite set, unless ``dendrite_optimizer='restart'``) replaces parameters
+with larger ones whose old entries are a leading slice (new rows and columns are appended; a
+dendrite bank whose shape changed starts afresh). :func:`capture` keeps, by parameter name, the
+optimizer's per-parameter state, each group's learning rate and the scheduler's state;
+:func:`carry_into` puts them into the optimizer rebuilt over the grown model: each moment (a
+tensor shaped like its parameter) is copied into the leading slice of a zero tensor of the new
+shape, scalars such as Adam's ``step`` as they are. New entries start at zero, as a fresh
+optimizer's would. Under FSDP2 each moment is a shard: a widened parameter's moment is gathered
+whole (a collective, in name order on every rank), grown, and cut to the new parameter's shard.
+Under FSDP1, whose moments are flat slices, :func:`capture_whole` keeps the whole state (the
+backend's full optimizer state, a collective) and :func:`carry_whole_into` grows it against the
+re-sharded template's shapes and loads it through the backend. Under DeepSpeed, whose engine
+builds the optimizer, :func:`capture_engine` and :func:`carry_engine_into` do the same through
+the backend's reads and writes of the engine's partitions.
 """
 
 from __future__ import annotations
@@ -218,7 +219,9 @@ def carry_into(carried: CarriedOptimizer | None, optimizer: torch.optim.Optimize
     """Give the rebuilt ``optimizer`` (and ``scheduler``) what :func:`capture` kept."""
     if carried is None or optimizer is None:
         return
-    params = dict(unwrap_model(model).named_parameters())
+    optimized = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    params = {name: p for name, p in unwrap_model(model).named_parameters()
+              if id(p) in optimized}  # not a frozen one (the correlation rule's base)
     for name in sorted(carried.states):  # the same order on every rank (FSDP2 gathers)
         param = params.get(name)
         entry = {} if param is None else _grown_state(name, carried, param, _grown_shard)

@@ -43,7 +43,7 @@ class OptimizerSlot:
         self.awaiting_instance = False
         """True from a restructure that dropped the user's optimizer until they register one."""
         self.pending_carry: Any = None
-        """What a neuron step kept of an optimizer perfora does not rebuild (the user's, a
+        """What a growth step kept of an optimizer perfora does not rebuild (the user's, a
         framework's): carried into the next one registered or handed to
         ``carry_optimizer_state``, until the next score."""
         self.whole_carry = False
@@ -78,9 +78,14 @@ class OptimizerSlot:
         if self.scheduler_recipe is not None:
             self.scheduler = self.scheduler_recipe.build(self.optimizer)
             check_plateau_mode(self.scheduler, maximize)
-            count = getattr(self.scheduler, "last_epoch", None)
-            self.scheduler_mark = (self.scheduler, count) if isinstance(count, int) else None
+            self.mark_scheduler()
         return self.optimizer, self.scheduler
+
+    def mark_scheduler(self) -> None:
+        """Note the scheduler's step count as perfora's own (after it built, stepped or
+        loaded it), so that only steps taken elsewhere later count as a double step."""
+        count = getattr(self.scheduler, "last_epoch", None)
+        self.scheduler_mark = (self.scheduler, count) if isinstance(count, int) else None
 
     def set_instance(self, optimizer: torch.optim.Optimizer, scheduler: Any = None) -> None:
         """Use the user's optimizer; they rebuild and register it after every restructure.
@@ -132,7 +137,8 @@ class OptimizerSlot:
             self.awaiting_instance = True
 
     def keep_for_widening(self, model: nn.Module, backend: ParallelBackend) -> None:
-        """Before a neuron step: keep the optimizer's state by parameter name. Where flat
+        """Before a growth step that carries the optimizer (neurons; dendrites unless
+        ``dendrite_optimizer='restart'``): keep its state by parameter name. Where flat
         shards hide the shapes (FSDP1) it is gathered whole (a collective), and an engine's
         own optimizer (DeepSpeed) is read through the backend (a collective under ZeRO)."""
         self.whole_carry = backend.flat_shards
@@ -153,9 +159,9 @@ class OptimizerSlot:
         self.pending_carry = narrowed(self.pending_carry, shapes)
 
     def carry_after_widening(self, model: nn.Module, backend: ParallelBackend) -> None:
-        """After a neuron step: the rebuilt optimizer takes what was kept; an optimizer
-        the user or a framework builds takes it when handed over (``pending_carry``), and
-        an engine's new optimizer is written through the backend."""
+        """After a growth step that carries the optimizer: the rebuilt one takes what was
+        kept; an optimizer the user or a framework builds takes it when handed over
+        (``pending_carry``), and an engine's new optimizer is written through the backend."""
         if backend.owns_optimizer:
             carried, self.pending_carry = self.pending_carry, None
             carry_engine_into(carried, model, backend)
@@ -165,6 +171,7 @@ class OptimizerSlot:
                 carry_whole_into(carried, self.optimizer, self.scheduler, model, backend)
             else:
                 carry_into(carried, self.optimizer, self.scheduler, model)
+            self.mark_scheduler()  # the schedule goes on from the carried step count
 
     def lr(self) -> float | None:
         """The current learning rate (None without an optimizer)."""
@@ -185,8 +192,7 @@ class OptimizerSlot:
                       "makes the schedule run twice as fast; remove it (a per-batch schedule "
                       "that you step yourself: keep it, and do not register it)")
         step_scheduler(scheduler, score, maximize)
-        count = getattr(scheduler, "last_epoch", None)
-        self.scheduler_mark = (scheduler, count) if isinstance(count, int) else None
+        self.mark_scheduler()
 
 
 PER_BATCH_SCHEDULERS = ("OneCycleLR", "CyclicLR")
@@ -275,12 +281,12 @@ class OptimizerMethods:
 
     def carry_optimizer_state(self, optimizer: torch.optim.Optimizer,
                               scheduler: Any = None) -> bool:
-        """After a neuron step, give an optimizer built over the widened model (yours, or
-        a framework's) the old optimizer's moments in the old slices of each parameter, zeros
-        in the new ones, and the old learning rates (and ``scheduler`` the old scheduler's
-        state, where perfora held one). The integrations call it; True when something was
-        carried (nothing after other restructures). Under FSDP2 and FSDP1 call it on every
-        rank."""
+        """After a growth step (neurons; dendrites unless ``dendrite_optimizer='restart'``),
+        give an optimizer built over the grown model (yours, or a framework's) the old
+        optimizer's moments in the old slices of each parameter, zeros in the new ones, and
+        the old learning rates (and ``scheduler`` the old scheduler's state, where perfora
+        held one). The integrations call it; True when something was carried (nothing after
+        other restructures). Under FSDP2 and FSDP1 call it on every rank."""
         carried, self._slot.pending_carry = self._slot.pending_carry, None
         if carried is None:
             return False
@@ -288,6 +294,8 @@ class OptimizerMethods:
             carry_whole_into(carried, optimizer, scheduler, self.model, self.backend)
         else:
             carry_into(carried, optimizer, scheduler, self.model)
+        if scheduler is not None and scheduler is self._slot.scheduler:
+            self._slot.mark_scheduler()
         return bool(carried.states)
 
     def hand_over_optimizer(self, optimizer: torch.optim.Optimizer | None) -> None:

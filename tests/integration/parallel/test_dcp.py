@@ -77,8 +77,11 @@ def snapshot(ctl: perfora.GrowthController) -> dict:
     if opt is not None and opt.state and ctl.backend.name == "fsdp1":  # flat shards
         full = get_optimizer_state_dict(model, opt, options=StateDictOptions(
             full_state_dict=True))
+        # (a parameter not yet stepped reads as step 0 and zero moments there: left out, as
+        # the other backends hold no state for it)
         optim = {name: {k: torch.as_tensor(v).tolist() for k, v in sorted(entry.items())}
-                 for name, entry in full["state"].items()}
+                 for name, entry in full["state"].items()
+                 if any(torch.as_tensor(v).any() for v in entry.values())}
     elif opt is not None and opt.state:
         sd, names = gather_optimizer_state(opt, inner)
         optim = {names[i]: {k: v.tolist() for k, v in entry.items()}
@@ -209,7 +212,8 @@ def test_resume_on_1_2_and_3_ranks_is_exact_at_load_and_continues(runs, kind):
             assert end["structure"] == want["structure"]
             tol = 0.0 if world in (1, 2) else 1e-5  # (g+g)/2 == g; (g+g+g)/3 rounds
             assert max_diff(end["params"], want["params"]) <= tol, world
-            assert end["optim"] == want["optim"] == {}  # the last epoch grew: fresh Adam
+            # the last epoch grew a set: Adam's moments carried on for the old parameters
+            assert want["optim"] and optim_diff(end["optim"], want["optim"]) <= tol, world
 
 
 @pytest.mark.timeout(60)

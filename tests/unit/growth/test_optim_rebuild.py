@@ -66,7 +66,8 @@ def dendrite_params(model: nn.Module) -> list[nn.Parameter]:
 
 # --------------------------------------------------------------------------- Adam + StepLR
 def test_adam_and_steplr_are_rebuilt_after_each_restructure():
-    ctl = controller()
+    ctl = controller(dendrite_optimizer="restart")  # PerforatedAI's way (see also
+    # test_dendrite_optimizer.py for the default, which carries the optimizer on)
     ctl.set_optimizer(torch.optim.Adam, lr=3e-3, weight_decay=1e-4, betas=(0.8, 0.95))
     ctl.set_scheduler(StepLR, step_size=2, gamma=0.5)
     opt, sched = ctl.build_optimizer()
@@ -105,7 +106,7 @@ def test_adam_and_steplr_are_rebuilt_after_each_restructure():
 
 
 def test_steplr_steps_once_per_continue_epoch():
-    ctl = controller(n_epochs_to_switch=3)
+    ctl = controller(n_epochs_to_switch=3, dendrite_optimizer="restart")
     ctl.set_optimizer(torch.optim.SGD, lr=0.1)
     ctl.set_scheduler(StepLR, step_size=2, gamma=0.5)
     _, sched = ctl.build_optimizer()
@@ -169,7 +170,7 @@ def test_reduce_on_plateau_minimizing_a_loss():
 
 
 def test_reduce_on_plateau_is_rebuilt_with_the_same_arguments():
-    ctl = controller()
+    ctl = controller(dendrite_optimizer="restart")
     ctl.set_optimizer(torch.optim.SGD, lr=1.0)
     ctl.set_scheduler(ReduceLROnPlateau, mode="max", patience=3, factor=0.2, threshold=0.01)
     ctl.build_optimizer()
