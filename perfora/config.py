@@ -84,12 +84,13 @@ class PerforaConfig:
     way. 'gradmax' is the default: under ``growth='auto'`` it measured better in
     ``benchmarks/quality.py`` (two spirals +1.0 points, MNIST-1D +1.2, digits +0.5 at more
     parameters; with ``growth='neurons'`` the two split the tasks)."""
-    dendrite_optimizer: str = "carry"
-    """The optimizer after a dendrite set: 'carry' (each parameter's moments and the
-    learning rates go on, the new dendrites' start at zero, as after a neuron step) or
-    'restart' (a fresh optimizer and schedule, PerforatedAI's way; the compatibility shell
-    keeps it). 'carry' is the default: in ``benchmarks/quality.py`` it measured better on
-    digits, wine, MNIST-1D and the held-out sets, and worse on two spirals (docs/neurons.md)."""
+    dendrite_optimizer: str = "restart"
+    """The optimizer after a dendrite set: 'restart' (a fresh optimizer and schedule from the
+    recipe, PerforatedAI's way) or 'carry' (each old parameter's moments and the learning
+    rates go on, the new dendrites' start at zero, as after a neuron step). 'restart' is the
+    default: 'carry' measured better on digits, wine, MNIST-1D and the held-out sets of
+    ``benchmarks/quality.py`` and ``heldout.py``, but 6 points worse on two spirals and worse
+    in ``perfora demo`` (benchmarks/README.md)."""
     conv_gradmax: bool = False
     """With ``neuron_init='gradmax'``: GradMax rows for convolutions too (a conv read by a
     conv of its kind, or by a Linear after a flatten; see docs/neurons.md), not random ones.

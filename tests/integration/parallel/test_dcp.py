@@ -35,7 +35,10 @@ SCORES = [0.5, 0.6, 0.7, 0.8, 0.9, 1.0]
 SAVE_AT = 3  # epochs reported before the mid-cycle save (growth at epochs 2, 4, 6)
 SETTINGS = {"switch_mode": "fixed", "fixed_switch_num": 2, "max_dendrites": 3,
             "retain_all_dendrites": True, "dendrite_init": "default",
-            "checkpoint_time_budget": None, "checkpoint_format": "dcp"}
+            "checkpoint_time_budget": None, "checkpoint_format": "dcp",
+            # Adam's moments go on through each set, so a save right after one holds no state
+            # for the new dendrites yet (the load leaves them without, as saved)
+            "dendrite_optimizer": "carry"}
 
 
 def make_model(seed: int) -> nn.Module:

@@ -1,6 +1,6 @@
-"""``dendrite_optimizer``: after a dendrite set the optimizer carries on (the default: every
-old parameter keeps its moments, the schedule its step) or restarts (PerforatedAI's way,
-which the compatibility shell keeps)."""
+"""``dendrite_optimizer``: after a dendrite set the optimizer restarts (the default,
+PerforatedAI's way, which the compatibility shell keeps) or carries on ('carry': every old
+parameter keeps its moments, the schedule its step, as after a neuron step)."""
 
 from __future__ import annotations
 
@@ -54,8 +54,8 @@ def _run(**settings) -> tuple[dict, float, perfora.Decision, list[str]]:
     return before, lr, decision, [str(w.message) for w in caught]
 
 
-def test_after_a_dendrite_set_the_optimizer_carries_on_by_default():
-    before, lr, decision, caught = _run()
+def test_with_carry_the_optimizer_goes_on_after_a_dendrite_set():
+    before, lr, decision, caught = _run(dendrite_optimizer="carry")
     opt, names = decision.optimizer, dict(decision.model.named_parameters())
     assert lr == 0.01 * 0.5 ** 2
     assert opt.param_groups[0]["lr"] == 0.01 * 0.5 ** 4  # the schedule went on (2 more epochs)
@@ -69,7 +69,7 @@ def test_after_a_dendrite_set_the_optimizer_carries_on_by_default():
 
 def test_the_carried_moments_are_the_old_optimizers():
     # right at the set: the rebuilt optimizer holds the old moments, the new dendrites none
-    before, _, decision, _ = _run_until_the_set()
+    before, _, decision, _ = _run_until_the_set(dendrite_optimizer="carry")
     opt, names = decision.optimizer, dict(decision.model.named_parameters())
     for name, saved in before.items():
         state = opt.state[names[name]]
@@ -96,8 +96,8 @@ def _run_until_the_set(**settings) -> tuple[dict, float, perfora.Decision, None]
     return before, 0.01, decision, None
 
 
-def test_restart_builds_a_fresh_optimizer_and_schedule_after_a_dendrite_set():
-    _, _, decision, caught = _run(dendrite_optimizer="restart")
+def test_by_default_a_fresh_optimizer_and_schedule_follow_a_dendrite_set():
+    _, _, decision, caught = _run()
     opt = decision.optimizer
     # two epochs into a new schedule, every parameter's moments from those two epochs only
     assert opt.param_groups[0]["lr"] == 0.01 * 0.5 ** 2
@@ -108,7 +108,31 @@ def test_restart_builds_a_fresh_optimizer_and_schedule_after_a_dendrite_set():
 
 def test_the_compatibility_shell_restarts_as_perforatedai_does():
     assert PAISettings().to_config().dendrite_optimizer == "restart"
-    assert perfora.PerforaConfig().dendrite_optimizer == "carry"
+    assert perfora.PerforaConfig().dendrite_optimizer == "restart"
     with pytest.raises(perfora.ConfigError,
                        match="dendrite_optimizer: 'fresh'; did you mean 'restart'"):
         perfora.PerforaConfig(dendrite_optimizer="fresh")
+
+
+def test_carry_under_the_correlation_rule_gives_state_only_to_what_trains(tmp_path):
+    # after a set the correlation rule trains the new dendrites alone: the frozen base's
+    # carried moments went into an optimizer that does not hold it, and the next
+    # checkpoint failed in optimizer.state_dict() with a KeyError
+    torch.manual_seed(0)
+    model = perfora.perforate(nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 2)))
+    ctl = perfora.GrowthController(model, rule="correlation", switch_mode="fixed",
+                                   fixed_switch_num=1, max_dendrites=1, run_dir=tmp_path,
+                                   dendrite_init="default", dendrite_optimizer="carry",
+                                   checkpoint_time_budget=None)
+    ctl.set_optimizer(torch.optim.Adam, lr=0.01)
+    opt, _ = ctl.build_optimizer()
+    for _ in range(2):
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(X), Y).backward()
+        opt.step()
+        decision = ctl.step(0.5)
+        model, opt = decision.model, decision.optimizer
+    assert ctl.num_dendrites == 1
+    held = {p for group in opt.param_groups for p in group["params"]}
+    assert set(opt.state) <= held
+    assert (tmp_path / "latest.safetensors").is_file()  # written after the set

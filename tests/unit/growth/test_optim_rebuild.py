@@ -66,8 +66,8 @@ def dendrite_params(model: nn.Module) -> list[nn.Parameter]:
 
 # --------------------------------------------------------------------------- Adam + StepLR
 def test_adam_and_steplr_are_rebuilt_after_each_restructure():
-    ctl = controller(dendrite_optimizer="restart")  # PerforatedAI's way (see also
-    # test_dendrite_optimizer.py for the default, which carries the optimizer on)
+    ctl = controller(dendrite_optimizer="restart")  # the default, PerforatedAI's way ('carry':
+    # test_dendrite_optimizer.py)
     ctl.set_optimizer(torch.optim.Adam, lr=3e-3, weight_decay=1e-4, betas=(0.8, 0.95))
     ctl.set_scheduler(StepLR, step_size=2, gamma=0.5)
     opt, sched = ctl.build_optimizer()
