@@ -165,23 +165,3 @@ def test_fsdp1_adam_moments_are_saved_and_a_resumed_run_equals_the_uninterrupted
         # the control: without the saved moments the same steps end elsewhere
         control = [(torch.tensor(a[k]) - torch.tensor(c[k])).abs().max().item() for k in a]
         assert max(control) > 1e-3
-
-
-def _wrapped_twice(rank: int, tmp: Path) -> dict:
-    """wrap_fsdp1 called again, as Lightning's configure_model is at every stage."""
-    model = wrap_fsdp1(make_model(seed=3), device_id=CPU)
-    out = {"same": wrap_fsdp1(model, device_id=CPU) is model}
-    try:
-        wrap_fsdp1(model, device_id=CPU, forward_prefetch=True)
-        out["other_args"] = None
-    except perfora.ParallelError as exc:
-        out["other_args"] = str(exc)
-    return out
-
-
-@pytest.mark.timeout(150)
-def test_wrap_fsdp1_returns_a_model_it_wrapped_the_same_way_and_refuses_other_arguments(
-        tmp_path):
-    for r in run_ranks(_wrapped_twice, tmp_path):
-        assert r["same"]
-        assert "other arguments (forward_prefetch)" in r["other_args"]

@@ -374,13 +374,22 @@ _ = batch  # the shared batches come through train_epoch
 
 
 def _sharded_twice(rank: int, tmp: Path) -> dict:
-    """shard_fsdp2 called again, as Lightning's configure_model is at every stage."""
+    """shard_fsdp2 and wrap_fsdp1 called again, as Lightning's configure_model is at every
+    stage: the same arguments give the model back, others (or a model perfora did not shard)
+    raise ParallelError."""
     from torch.distributed.fsdp import fully_shard
 
+    from perfora.parallel import wrap_fsdp1
+
+    cpu = torch.device("cpu")
     model = shard_fsdp2(make_model(seed=3), mesh=init_device_mesh("cpu", (WORLD,)))
-    out = {"same": shard_fsdp2(model, mesh=init_device_mesh("cpu", (WORLD,))) is model}
+    wrapped = wrap_fsdp1(make_model(seed=5), device_id=cpu)
+    out = {"same": shard_fsdp2(model, mesh=init_device_mesh("cpu", (WORLD,))) is model,
+           "same_fsdp1": wrap_fsdp1(wrapped, device_id=cpu) is wrapped}
     for name, call in (("other_args", lambda: shard_fsdp2(model, reshard_after_forward=False)),
-                       ("not_ours", lambda: shard_fsdp2(fully_shard(make_model(seed=4))))):
+                       ("not_ours", lambda: shard_fsdp2(fully_shard(make_model(seed=4)))),
+                       ("other_fsdp1", lambda: wrap_fsdp1(wrapped, device_id=cpu,
+                                                          forward_prefetch=True))):
         try:
             call()
             out[name] = None
@@ -390,9 +399,11 @@ def _sharded_twice(rank: int, tmp: Path) -> dict:
 
 
 @pytest.mark.timeout(150)
-def test_shard_fsdp2_returns_a_model_it_sharded_the_same_way_and_refuses_other_arguments(
+def test_the_sharding_helpers_return_a_model_they_sharded_the_same_way_and_refuse_others(
         tmp_path):
     for r in run_ranks(_sharded_twice, tmp_path):
-        assert r["same"]
+        assert r["same"] and r["same_fsdp1"]
         assert "other arguments (mesh, reshard_after_forward)" in r["other_args"]
         assert "already sharded with fully_shard" in r["not_ours"]
+        assert "wrap_fsdp1 got a model it already sharded with other arguments " \
+               "(forward_prefetch)" in r["other_fsdp1"]

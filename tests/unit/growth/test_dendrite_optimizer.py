@@ -17,15 +17,22 @@ X = torch.randn(64, 6, generator=torch.Generator().manual_seed(0))
 Y = (X[:, 0] * X[:, 1] > 0).long()
 
 
+def _controller(**settings) -> tuple[nn.Module, perfora.GrowthController]:
+    """A small perforated MLP and a controller that grows dendrite sets on a fixed schedule,
+    with Adam registered."""
+    torch.manual_seed(0)
+    model = perfora.perforate(nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 2)))
+    ctl = perfora.GrowthController(model, **{"growth": "dendrites", "switch_mode": "fixed",
+                                             "write_files": False, "dendrite_init": "default",
+                                             **settings})
+    ctl.set_optimizer(torch.optim.Adam, lr=0.01)
+    return model, ctl
+
+
 def _run(**settings) -> tuple[dict, float, perfora.Decision, list[str]]:
     """Three epochs of Adam with a StepLR, a dendrite set at the third score; returns the
     moments by name before the set, the rate then, the decision and any warnings after."""
-    torch.manual_seed(0)
-    model = perfora.perforate(nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 2)))
-    ctl = perfora.GrowthController(model, growth="dendrites", switch_mode="fixed",
-                                   fixed_switch_num=3, max_dendrites=2, write_files=False,
-                                   dendrite_init="default", **settings)
-    ctl.set_optimizer(torch.optim.Adam, lr=0.01)
+    model, ctl = _controller(fixed_switch_num=3, max_dendrites=2, **settings)
     ctl.set_scheduler(torch.optim.lr_scheduler.StepLR, step_size=1, gamma=0.5)
     opt, _ = ctl.build_optimizer()
 
@@ -79,12 +86,7 @@ def test_the_carried_moments_are_the_old_optimizers():
 
 
 def _run_until_the_set(**settings) -> tuple[dict, float, perfora.Decision, None]:
-    torch.manual_seed(0)
-    model = perfora.perforate(nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 2)))
-    ctl = perfora.GrowthController(model, growth="dendrites", switch_mode="fixed",
-                                   fixed_switch_num=1, max_dendrites=1, write_files=False,
-                                   dendrite_init="default", **settings)
-    ctl.set_optimizer(torch.optim.Adam, lr=0.01)
+    model, ctl = _controller(fixed_switch_num=1, max_dendrites=1, **settings)
     opt, _ = ctl.build_optimizer()
     opt.zero_grad()
     nn.functional.cross_entropy(model(X), Y).backward()
@@ -118,13 +120,9 @@ def test_carry_under_the_correlation_rule_gives_state_only_to_what_trains(tmp_pa
     # after a set the correlation rule trains the new dendrites alone: the frozen base's
     # carried moments went into an optimizer that does not hold it, and the next
     # checkpoint failed in optimizer.state_dict() with a KeyError
-    torch.manual_seed(0)
-    model = perfora.perforate(nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 2)))
-    ctl = perfora.GrowthController(model, rule="correlation", switch_mode="fixed",
-                                   fixed_switch_num=1, max_dendrites=1, run_dir=tmp_path,
-                                   dendrite_init="default", dendrite_optimizer="carry",
-                                   checkpoint_time_budget=None)
-    ctl.set_optimizer(torch.optim.Adam, lr=0.01)
+    model, ctl = _controller(rule="correlation", fixed_switch_num=1, max_dendrites=1,
+                             write_files=True, run_dir=tmp_path, dendrite_optimizer="carry",
+                             checkpoint_time_budget=None)
     opt, _ = ctl.build_optimizer()
     for _ in range(2):
         opt.zero_grad()
