@@ -480,3 +480,28 @@ def test_a_retried_neuron_step_starts_its_new_neurons_moments_at_zero():
     assert model[0].num_neurons == 24
     assert state["exp_avg"][12:].abs().sum() == 0 and state["exp_avg_sq"][12:].sum() == 0
     assert state["exp_avg"][:12].abs().sum() > 0  # the old neurons keep theirs
+
+
+def test_a_registered_schedule_carried_through_a_neuron_step_is_not_called_stepped_twice():
+    # the new scheduler was marked at step 0, before the carried step count was loaded
+    # into it, so the next score warned that the loop had stepped it as well
+    import warnings
+
+    model = _model()
+    ctl = perfora.GrowthController(model, growth="neurons", switch_mode="fixed",
+                                   fixed_switch_num=3, max_neuron_steps=1, write_files=False,
+                                   neuron_init="random")
+    ctl.set_optimizer(torch.optim.Adam, lr=0.01)
+    ctl.set_scheduler(torch.optim.lr_scheduler.StepLR, step_size=1, gamma=0.5)
+    opt, _ = ctl.build_optimizer()
+    grew = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(5):
+            _epoch(model, opt)
+            decision = ctl.step(0.5)
+            grew.append(decision.restructured)
+            model, opt = decision.model, decision.optimizer
+    assert grew == [False, False, True, False, False]
+    assert decision.scheduler.last_epoch == 4  # 2 before the step, 2 after (not its epoch)
+    assert not [w for w in caught if "was stepped" in str(w.message)]
