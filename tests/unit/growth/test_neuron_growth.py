@@ -91,7 +91,9 @@ def test_gradmax_rows_are_the_top_directions_of_the_recorded_error():
     assert new_columns.shape == (10, 4) and not new_columns.any()
 
 
-def test_the_optimizer_carries_its_moments_and_learning_rate_on():
+def _stepped_by_steplr() -> tuple[nn.Module, perfora.GrowthController, torch.optim.Optimizer]:
+    """A model, a controller that adds one neuron step at the third score, and the Adam it
+    built, with a StepLR (halving every epoch) registered."""
     model = _model()
     ctl = perfora.GrowthController(model, growth="neurons", switch_mode="fixed",
                                    fixed_switch_num=3, max_neuron_steps=1, write_files=False,
@@ -99,6 +101,11 @@ def test_the_optimizer_carries_its_moments_and_learning_rate_on():
     ctl.set_optimizer(torch.optim.Adam, lr=0.01)
     ctl.set_scheduler(torch.optim.lr_scheduler.StepLR, step_size=1, gamma=0.5)
     opt, _ = ctl.build_optimizer()
+    return model, ctl, opt
+
+
+def test_the_optimizer_carries_its_moments_and_learning_rate_on():
+    model, ctl, opt = _stepped_by_steplr()
     for _ in range(2):
         _epoch(model, opt)
         assert not ctl.step(0.5).restructured
@@ -487,13 +494,7 @@ def test_a_registered_schedule_carried_through_a_neuron_step_is_not_called_stepp
     # into it, so the next score warned that the loop had stepped it as well
     import warnings
 
-    model = _model()
-    ctl = perfora.GrowthController(model, growth="neurons", switch_mode="fixed",
-                                   fixed_switch_num=3, max_neuron_steps=1, write_files=False,
-                                   neuron_init="random")
-    ctl.set_optimizer(torch.optim.Adam, lr=0.01)
-    ctl.set_scheduler(torch.optim.lr_scheduler.StepLR, step_size=1, gamma=0.5)
-    opt, _ = ctl.build_optimizer()
+    model, ctl, opt = _stepped_by_steplr()
     grew = []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
