@@ -26,7 +26,7 @@ DENDRITE_INITS = ("default", "normal", "error")
 CHECKPOINT_FORMATS = ("auto", "file", "dcp")
 GROWTH_KINDS = ("dendrites", "neurons", "auto")
 NEURON_INITS = ("gradmax", "random")
-DENDRITE_OPTIMIZERS = ("carry", "restart")
+DENDRITE_OPTIMIZERS = ("carry", "restart", "auto")
 MAX_INIT_SCALE = 1e4
 
 

@@ -33,7 +33,7 @@ from .on_request import OnRequestMethods
 from .optimizer_slot import OptimizerMethods, OptimizerSlot
 from .persistence import CheckpointMethods
 from .placement import check_reported_model
-from .policy import growth_may_come_next, observe
+from .policy import carries_optimizer, growth_may_come_next, observe
 from .run_writer import RunWriter
 from .saved_run import Checkpointer, RunParts, SavedRun
 from .scores import read_scores, update_arch
@@ -158,10 +158,8 @@ class GrowthController(ControllerViews, OnRequestMethods, OptimizerMethods,
         return self.state.auto_kind if self.config.growth == "auto" else self.config.growth
 
     def _carries(self, kind: str | None) -> bool:
-        """True when the optimizer's state goes on through a growth step of ``kind``: always
-        after neurons, after dendrites unless ``dendrite_optimizer='restart'``."""
-        return kind == "neurons" or (kind == "dendrites"
-                                     and self.config.dendrite_optimizer == "carry")
+        """True when the optimizer's state goes on through a growth step of ``kind``."""
+        return carries_optimizer(self.config, self.state, kind)
 
     def _grow(self, kind: str | None = None, kept: bool = False) -> str:
         """Grow ``kind`` (default: the config's, or auto's choice), rebuild what trains, and

@@ -47,6 +47,30 @@ def beats(config: PerforaConfig, num_dendrites: int, new: float, old: float | No
     return gain > margin
 
 
+NEAR_START = 0.5
+"""``dendrite_optimizer='auto'`` restarts the optimizer while the best score differs from the
+first by less than this fraction of it."""
+
+
+def carries_optimizer(config: PerforaConfig, state: ControllerState, kind: str | None
+                      ) -> bool:
+    """True when the optimizer's state goes on through a growth step of ``kind``: always
+    after neurons; after dendrites per ``dendrite_optimizer``. Under 'auto' a set restarts
+    it while the network is still near its start (the best score within ``NEAR_START`` of
+    the first, relatively: on a plateau a fresh optimizer's full-size steps help it off)
+    and carries it on once the network fits (the moments refine what it learned)."""
+    if kind == "neurons":
+        return True
+    if kind != "dendrites" or config.dendrite_optimizer == "restart":
+        return False
+    if config.dendrite_optimizer == "carry":
+        return True
+    first, best = state.first_score, state.global_best
+    if first is None or best is None:  # a run saved before 'first_score' was kept
+        return False
+    return best != first and abs(best - first) >= NEAR_START * abs(first)
+
+
 def _reached_target(state: ControllerState, config: PerforaConfig) -> bool:
     target, best = config.target_score, state.global_best
     if target is None or best is None:
@@ -81,6 +105,8 @@ def observe(state: ControllerState, config: PerforaConfig, score: float,
     window = st.cycle_scores[-config.history_lookback:]
     st.cycle_scores = window
     running = sum(window) / len(window)
+    if st.first_score is None:
+        st.first_score = running
     improved_best = False
     steps = st.growth_steps(config.growth)
     if beats(config, steps, running, st.cycle_best):

@@ -135,6 +135,10 @@ class ControllerState:
     global_best: float | None = None
     best_epoch: int | None = None
     best_test: float | None = None
+    first_score: float | None = None
+    """The first score the policy saw: how far the best has come from it tells
+    ``dendrite_optimizer='auto'`` whether the network is still near its start (files of
+    versions before it: None)."""
     num_dendrites: int = field(default=0, metadata={
         "check": partial(check_int, low=0, high=MAX_DENDRITES)})
     num_widenings: int = field(default=0, metadata={
