@@ -86,11 +86,11 @@ class PerforaConfig:
     parameters; with ``growth='neurons'`` the two split the tasks)."""
     dendrite_optimizer: str = "restart"
     """The optimizer after a dendrite set: 'restart' (a fresh optimizer and schedule from the
-    recipe, PerforatedAI's way) or 'carry' (each old parameter's moments and the learning
-    rates go on, the new dendrites' start at zero, as after a neuron step). 'restart' is the
-    default: 'carry' measured better on digits, wine, MNIST-1D and the held-out sets of
-    ``benchmarks/quality.py`` and ``heldout.py``, but 6 points worse on two spirals and worse
-    in ``perfora demo`` (benchmarks/README.md)."""
+    recipe, PerforatedAI's way), 'carry' (each old parameter's moments and the learning rates
+    go on, the new dendrites' start at zero, as after a neuron step) or 'auto' (restart while
+    the best score is within half of the first, relatively: a network still near its start;
+    carry on after). 'restart' is the default: 'auto' measured better in ``quality.py`` and
+    ``heldout.py`` but worse in ``perfora demo``, 'carry' 6 points worse on two spirals."""
     conv_gradmax: bool = False
     """With ``neuron_init='gradmax'``: GradMax rows for convolutions too (a conv read by a
     conv of its kind, or by a Linear after a flatten; see docs/neurons.md), not random ones.
