@@ -7,8 +7,10 @@ text otherwise, so ``--set neuron_init=random`` and ``--set grow_fraction=0.5`` 
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
+
+from perfora.config_values import parse_overrides
+from perfora.errors import ConfigError
 
 
 def add_set_argument(parser: argparse.ArgumentParser, help: str) -> None:
@@ -16,19 +18,10 @@ def add_set_argument(parser: argparse.ArgumentParser, help: str) -> None:
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help=help)
 
 
-def _value(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return text
-
-
 def parse_settings(parser: argparse.ArgumentParser, items: list[str]) -> dict[str, Any]:
-    """The overrides named by ``--set`` items; a malformed item is a usage error."""
-    settings = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            parser.error(f"--set {item!r}: expected NAME=VALUE")
-        settings[key] = _value(value)
-    return settings
+    """The overrides named by ``--set`` items (perfora's own reading, as ``perfora demo
+    --set``); a malformed item is a usage error."""
+    try:
+        return parse_overrides(items)
+    except ConfigError as exc:
+        parser.error(f"{exc} (expected NAME=VALUE)")

@@ -4,6 +4,7 @@ checks each setting's validation is built from, each raising ConfigError with th
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -86,3 +87,20 @@ def in_range(name: str, value: Any, high: float, what: str) -> float:
             or not math.isfinite(value) or not 0 < value <= high):
         raise ConfigError(f"{name} must be {what}, got {value!r}")
     return float(value)
+
+
+def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
+    """``NAME=VALUE`` texts (a command line's ``--set``) as settings: each value read as JSON
+    where it parses (``2``, ``0.5``, ``true``, ``"auto"``) and kept as text otherwise, so
+    ``dendrite_optimizer=auto`` works unquoted. The names are checked where they are used."""
+    settings: dict[str, Any] = {}
+    for item in items:
+        name, sep, text = item.partition("=")
+        if not sep or not name.strip():
+            raise ConfigError(f"--set {item!r}: use --set NAME=VALUE, e.g. --set "
+                              "dendrite_optimizer=auto")
+        try:
+            settings[name.strip()] = json.loads(text)
+        except json.JSONDecodeError:
+            settings[name.strip()] = text
+    return settings

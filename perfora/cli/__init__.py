@@ -13,6 +13,7 @@ from ..errors import PerforaError
 
 
 def _demo(args: argparse.Namespace) -> int:
+    from ..config_values import parse_overrides
     from .demo import format_table, run_demo, run_files_line
 
     if args.out:
@@ -26,7 +27,7 @@ def _demo(args: argparse.Namespace) -> int:
             return 2
     result = run_demo(seed=args.seed, out=args.out, hidden=args.hidden,
                       patience=args.patience, max_dendrites=args.max_dendrites,
-                      growth=args.growth,
+                      growth=args.growth, settings=parse_overrides(args.set),
                       progress=not (args.json or args.no_progress) and _is_terminal(sys.stderr))
     if args.json:
         print(json.dumps(result))
@@ -142,6 +143,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--growth", choices=("auto", "dendrites", "neurons"), default="auto",
                       help="what the grown arm grows: both kinds, as the validation score "
                            "chooses (default), or one kind")
+    demo.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                      help="a PerforaConfig setting for the grown arm, e.g. --set "
+                           "dendrite_optimizer=auto (repeatable; values read as JSON where "
+                           "they parse)")
     demo.add_argument("--no-progress", action="store_true",
                       help="hide the progress bar (hidden anyway when stderr is not a terminal)")
     demo.set_defaults(func=_demo)

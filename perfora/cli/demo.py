@@ -7,6 +7,7 @@ many epochs as the grown run (the same budget), each ending on its best validati
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ import torch
 from torch import nn
 
 from ..config import PerforaConfig
+from ..errors import ConfigError
 from ..growth import GrowthController
 from ..growth.history_marks import describe_growth, history_marks
 from ..nn.perforation import perforate
@@ -145,15 +147,37 @@ def run_arm(name: str, data: DemoData, config: PerforaConfig, *, seed: int, hidd
                                              ctl.state.growth_kinds)))
 
 
+OWN_OPTIONS = {"growth": "--growth", "max_dendrites": "--max-dendrites",
+               "n_epochs_to_switch": "--patience", "seed": "--seed"}
+"""Settings the demo has an option for: ``--set`` refuses them and names the option."""
+
+
+def grown_config(settings: Mapping[str, Any], **demo: Any) -> PerforaConfig:
+    """The grown arm's settings: the demo's own (``demo``), then ``settings`` (``--set``);
+    a ConfigError, before anything trains, for a setting the demo fixes or one that fails."""
+    for name in settings:
+        if name in OWN_OPTIONS:
+            raise ConfigError(f"--set {name}: the demo has an option for it, "
+                              f"{OWN_OPTIONS[name]}")
+        if name in ("maximize", "score"):
+            raise ConfigError(f"--set {name}: the demo reports the validation accuracy "
+                              "(higher is better); it is not a setting here")
+    return PerforaConfig(**demo).replace(**settings)
+
+
 def run_demo(*, seed: int = 0, out: str | Path | None = "perfora_runs/demo", hidden: int = 6,
              patience: int = 10, max_dendrites: int = 3, growth: str = "auto",
-             progress: bool = True) -> dict[str, Any]:
+             settings: Mapping[str, Any] | None = None, progress: bool = True
+             ) -> dict[str, Any]:
     """The four arms; returns {"arms": [...], ...} as `--json` prints. ``max_dendrites``
     caps the grown arm's dendrite sets (its neuron steps keep perfora's default cap);
-    ``growth`` is what it grows (PerforaConfig's setting: 'auto', 'dendrites', 'neurons')."""
+    ``growth`` is what it grows (PerforaConfig's setting: 'auto', 'dendrites', 'neurons');
+    ``settings``: more PerforaConfig settings for the grown arm (``--set``)."""
+    settings = dict(settings or {})
+    common = {"n_epochs_to_switch": patience, "seed": seed}
+    grown = grown_config(settings, max_dendrites=max_dendrites, growth=growth, **common)
     data = load_digits_data()
     out_dir = Path(out) if out else None
-    common = {"n_epochs_to_switch": patience, "seed": seed}
     plain = PerforaConfig(switch_mode="never", max_dendrites=0, **common)
 
     def arm(name: str, config: PerforaConfig, width: int, epochs: int | None = None
@@ -162,14 +186,12 @@ def run_demo(*, seed: int = 0, out: str | Path | None = "perfora_runs/demo", hid
                        run_dir=out_dir / name if out_dir else None, progress=progress,
                        fixed_epochs=epochs)
 
-    results = [arm("baseline", plain, hidden),
-               arm("grown", PerforaConfig(max_dendrites=max_dendrites, growth=growth,
-                                          **common), hidden)]
+    results = [arm("baseline", plain, hidden), arm("grown", grown, hidden)]
     wider = width_for_params(results[1].params)
     results.append(arm("wider", plain, wider))
     results.append(arm(SAME_BUDGET, plain, wider, epochs=results[1].epochs))
     return {"seed": seed, "hidden": hidden, "patience": patience, "growth": growth,
-            "wider_hidden": wider,
+            "settings": settings, "wider_hidden": wider,
             "dataset": "sklearn digits (1797 images, fixed 60/20/20 split)",
             "arms": [asdict(r) for r in results]}
 
@@ -208,4 +230,7 @@ def format_table(result: dict[str, Any]) -> str:
         lines.append("  (one seed; benchmarks/quality.py gives medians over seeds and tasks)")
         if grown.get("growth"):
             lines.append(f"how grown grew: {grown['growth']}")
+        if result.get("settings"):
+            lines.append("grown with: " + ", ".join(f"{k}={v!r}"
+                                                     for k, v in result["settings"].items()))
     return "\n".join(lines)

@@ -94,6 +94,20 @@ def test_demo_growth_picks_what_the_grown_arm_grows() -> None:
         arms["dendrites"]["baseline"]["test_accuracy"]
 
 
+@pytest.mark.timeout(120)
+def test_demo_set_gives_the_grown_arm_a_setting(capsys: pytest.CaptureFixture) -> None:
+    assert main(["demo", "--json", "--out", "", "--seed", "1", "--patience", "3",
+                 "--growth", "neurons", "--set", "neurons_per_step=2"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["settings"] == {"neurons_per_step": 2}
+    arms = {a["name"]: a for a in result["arms"]}
+    grown = arms["grown"]
+    # each neuron step adds twice the starting width (6 -> 18 -> 30 ...), not once
+    assert grown["neuron_steps"] >= 1
+    assert grown["hidden_width"] == 6 + 12 * grown["neuron_steps"]
+    assert arms["baseline"]["hidden_width"] == 6  # the plain arms take no --set
+
+
 def _usage_error(args: list[str], capsys: pytest.CaptureFixture) -> str:
     """Run the CLI in process on bad arguments: it must exit 2 before any work; its stderr."""
     try:
@@ -146,3 +160,16 @@ def test_readme_example_runs_and_grows(tmp_path: Path, script_server: ScriptServ
 def test_demo_rejects_out_of_range_values_with_a_usage_error(
         option: list[str], capsys: pytest.CaptureFixture) -> None:
     assert option[0] in _usage_error(["demo", *option], capsys)
+
+
+@pytest.mark.parametrize(("item", "says"), [
+    ("growth=neurons", "the demo has an option for it, --growth"),
+    ("n_epochs_to_switch=3", "--patience"),
+    ("maximize=false", "reports the validation accuracy"),
+    ("max_dendrite_try=2", "did you mean 'max_dendrite_tries'"),
+    ("dendrite_optimizer=fresh", "did you mean 'restart'"),
+    ("dendrite_optimizer", "use --set NAME=VALUE"),
+])
+def test_demo_set_refuses_what_it_cannot_use_before_training(
+        item: str, says: str, capsys: pytest.CaptureFixture) -> None:
+    assert says in _usage_error(["demo", "--out", "", "--set", item], capsys)
