@@ -1,6 +1,6 @@
 """The optimizer carries on through growth: moments kept, the schedule continued.
 
-A widening (and a dendrite set, unless ``dendrite_optimizer='restart'``) replaces parameters
+A widening (and a dendrite set, as ``dendrite_optimizer`` says) replaces parameters
 with larger ones whose old entries are a leading slice (new rows and columns are appended; a
 dendrite bank whose shape changed starts afresh). :func:`capture` keeps, by parameter name, the
 optimizer's per-parameter state, each group's learning rate and the scheduler's state;

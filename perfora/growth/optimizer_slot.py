@@ -137,10 +137,11 @@ class OptimizerSlot:
             self.awaiting_instance = True
 
     def keep_for_widening(self, model: nn.Module, backend: ParallelBackend) -> None:
-        """Before a growth step that carries the optimizer (neurons; dendrites unless
-        ``dendrite_optimizer='restart'``): keep its state by parameter name. Where flat
-        shards hide the shapes (FSDP1) it is gathered whole (a collective), and an engine's
-        own optimizer (DeepSpeed) is read through the backend (a collective under ZeRO)."""
+        """Before a growth step that carries the optimizer (neurons; dendrites under
+        ``dendrite_optimizer`` 'carry', or 'auto' once the network fits): keep its state by
+        parameter name. Where flat shards hide the shapes (FSDP1) it is gathered whole (a
+        collective), and an engine's own optimizer (DeepSpeed) is read through the backend (a
+        collective under ZeRO)."""
         self.whole_carry = backend.flat_shards
         if backend.owns_optimizer:
             self.pending_carry = capture_engine(model, backend)
@@ -281,7 +282,7 @@ class OptimizerMethods:
 
     def carry_optimizer_state(self, optimizer: torch.optim.Optimizer,
                               scheduler: Any = None) -> bool:
-        """After a growth step (neurons; dendrites unless ``dendrite_optimizer='restart'``),
+        """After a growth step (neurons; dendrites as ``dendrite_optimizer`` says),
         give an optimizer built over the grown model (yours, or a framework's) the old
         optimizer's moments in the old slices of each parameter, zeros in the new ones, and
         the old learning rates (and ``scheduler`` the old scheduler's state, where perfora
