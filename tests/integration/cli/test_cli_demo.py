@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from perfora.cli import main
-from perfora.cli.demo import run_demo, run_files_line
+from perfora.cli.demo import format_table, run_demo, run_files_line
 from tests.support.paths import ROOT
 from tests.support.script_server import ScriptServer
 
@@ -106,6 +106,7 @@ def test_demo_set_gives_the_grown_arm_a_setting(capsys: pytest.CaptureFixture) -
     assert grown["neuron_steps"] >= 1
     assert grown["hidden_width"] == 6 + 12 * grown["neuron_steps"]
     assert arms["baseline"]["hidden_width"] == 6  # the plain arms take no --set
+    assert "grown with: neurons_per_step=2" in format_table(result).splitlines()[-1]
 
 
 def _usage_error(args: list[str], capsys: pytest.CaptureFixture) -> str:
