@@ -250,6 +250,32 @@ def selective_growth_on_rank_data(rank: int, tmp: Path) -> dict:
             "dendrites": ctl.num_dendrites}
 
 
+RANK_SCORES = ((0.1, 0.2, 0.5, 0.9), (0.5, 0.4, 0.9, 0.9))
+"""Per rank and epoch; their means 0.3, 0.3, 0.7, 0.9. At the set after epoch 2 rank 0 alone
+would carry on (0.2 is twice its first 0.1) and rank 1 restart; the agreed means restart.
+At the set after epoch 4 both carry on."""
+
+
+def auto_optimizer_on_rank_scores(rank: int, tmp: Path) -> dict:
+    """dendrite_optimizer='auto' decides from the scores agreed over the ranks."""
+    ddp = DDP(make_model(seed=3))
+    ctl = perfora.GrowthController(ddp, growth="dendrites", switch_mode="fixed",
+                                   fixed_switch_num=2, max_dendrites=2,
+                                   dendrite_init="default", dendrite_optimizer="auto")
+    ctl.set_optimizer(torch.optim.Adam, lr=0.01)
+    opt, _ = ctl.build_optimizer()
+    steps = []
+    for epoch, score in enumerate(RANK_SCORES[rank]):
+        train_epoch(ddp, opt, rank, epoch)
+        decision = ctl.step(score, model=ddp)
+        ddp, opt = decision.model, decision.optimizer
+        if decision.restructured:
+            train_epoch(ddp, opt, rank, 10 + epoch)  # one epoch on the rebuilt optimizer
+            steps.append(sorted({int(st["step"]) for st in opt.state.values()}))
+    return {"steps": steps, "first": ctl.state.first_score, "diff": max_rank_diff(ddp),
+            "dendrites": ctl.num_dendrites}
+
+
 # ----------------------------------------------------------------------------- tests
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("use_helper", [False, True], ids=["user_ddp", "wrap_ddp"])
@@ -375,3 +401,15 @@ def test_selective_error_growth_agrees_across_ranks_with_different_data(tmp_path
     assert [len(fed) for fed in r0["fed"]["2"]] == [2, 2]  # half of 3, rounded up
     assert r0["local"] != r1["local"], "the ranks' own data should point at other neurons"
     assert r0["diff"] == 0.0 and r1["diff"] == 0.0
+
+
+@pytest.mark.timeout(150)
+def test_auto_dendrite_optimizer_decides_alike_on_every_rank(tmp_path):
+    r0, r1 = run_ranks(auto_optimizer_on_rank_scores, tmp_path)
+    assert r0["dendrites"] == r1["dendrites"] == 2
+    assert r0["first"] == r1["first"] == pytest.approx(0.3)
+    # after the first set a fresh optimizer on both (3 steps for every parameter, old and
+    # new; rank 0 carrying on alone would hold 9 for the old ones); after the second the
+    # old parameters' moments go on (12 steps since the restart), the new dendrites' start
+    assert r0["steps"] == r1["steps"] == [[3], [3, 12]]
+    assert r0["diff"] == r1["diff"] == 0.0
