@@ -14,8 +14,10 @@ from ..errors import PerforaError
 
 def _demo(args: argparse.Namespace) -> int:
     from ..config_values import parse_overrides
-    from .demo import format_table, run_demo, run_files_line
+    from .demo import format_table, grown_config, run_demo, run_files_line
 
+    settings = parse_overrides(args.set)
+    grown_config(settings)  # a bad --set is refused before the run folder is made
     if args.out:
         try:  # a clear usage error now, not a traceback once the first arm has trained
             Path(args.out).mkdir(parents=True, exist_ok=True)
@@ -27,7 +29,7 @@ def _demo(args: argparse.Namespace) -> int:
             return 2
     result = run_demo(seed=args.seed, out=args.out, hidden=args.hidden,
                       patience=args.patience, max_dendrites=args.max_dendrites,
-                      growth=args.growth, settings=parse_overrides(args.set),
+                      growth=args.growth, settings=settings,
                       progress=not (args.json or args.no_progress) and _is_terminal(sys.stderr))
     if args.json:
         print(json.dumps(result))

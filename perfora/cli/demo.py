@@ -148,11 +148,11 @@ def run_arm(name: str, data: DemoData, config: PerforaConfig, *, seed: int, hidd
 
 
 OWN_OPTIONS = {"growth": "--growth", "max_dendrites": "--max-dendrites",
-               "n_epochs_to_switch": "--patience", "seed": "--seed"}
+               "n_epochs_to_switch": "--patience", "patience": "--patience", "seed": "--seed"}
 """Settings the demo has an option for: ``--set`` refuses them and names the option."""
 
 
-def grown_config(settings: Mapping[str, Any], **demo: Any) -> PerforaConfig:
+def grown_config(settings: Mapping[str, Any] = (), **demo: Any) -> PerforaConfig:
     """The grown arm's settings: the demo's own (``demo``), then ``settings`` (``--set``);
     a ConfigError, before anything trains, for a setting the demo fixes or one that fails."""
     for name in settings:

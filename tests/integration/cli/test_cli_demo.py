@@ -166,11 +166,15 @@ def test_demo_rejects_out_of_range_values_with_a_usage_error(
 @pytest.mark.parametrize(("item", "says"), [
     ("growth=neurons", "the demo has an option for it, --growth"),
     ("n_epochs_to_switch=3", "--patience"),
+    ("patience=3", "--patience"),
     ("maximize=false", "reports the validation accuracy"),
     ("max_dendrite_try=2", "did you mean 'max_dendrite_tries'"),
     ("dendrite_optimizer=fresh", "did you mean 'restart'"),
     ("dendrite_optimizer", "use --set NAME=VALUE"),
 ])
 def test_demo_set_refuses_what_it_cannot_use_before_training(
-        item: str, says: str, capsys: pytest.CaptureFixture) -> None:
-    assert says in _usage_error(["demo", "--out", "", "--set", item], capsys)
+        item: str, says: str, capsys: pytest.CaptureFixture, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # the default --out, perfora_runs/demo, is not made
+    assert says in _usage_error(["demo", "--set", item], capsys)
+    assert list(tmp_path.iterdir()) == []
