@@ -184,9 +184,9 @@ def make_config(setup: Setup, scale: int, seed: int, overrides: dict[str, Any]) 
 
 def run_controller(task: Task, width: int, seed: int, setup: Setup,
                    overrides: dict[str, Any], budget: int | None = None) -> dict[str, Any]:
-    """One controller-driven run of the ``width`` network: score, params, epochs, seconds.
-    With ``budget``: exactly ``budget`` epochs, no early stopping and no growth, and the
-    (epoch, test accuracy) of every new best validation score in ``trace``."""
+    """One controller-driven run of the ``width`` network: score, params, epochs, seconds,
+    and the (epoch, test accuracy) of every new best validation score in ``trace``. With
+    ``budget``: exactly ``budget`` epochs, no early stopping and no growth."""
     torch.manual_seed(seed)
     x, y = task.splits["train"]
     score_name = overrides.pop("score", "val_loss")
@@ -238,8 +238,9 @@ def run_controller(task: Task, width: int, seed: int, setup: Setup,
         neurons = max((len(s.get("widened") or []) for s in structure.values()), default=0)
     row = {"test": ctl.state.best_test, "params": params, "dendrites": dendrites,
            "neurons": neurons, "epochs": ctl.epoch,
-           "capped": budget is None and not ctl.completed, "seconds": seconds}
-    return {**row, "trace": trace} if budget is not None else row
+           "capped": budget is None and not ctl.completed, "seconds": seconds,
+           "trace": trace}
+    return row
 
 
 @dataclass(frozen=True)
@@ -408,44 +409,12 @@ def _accepted_arms(parser: argparse.ArgumentParser, arms: dict[str, dict[str, An
     return kept, skipped
 
 
-def _run_key(row: dict[str, Any]) -> tuple[Any, ...]:
-    return tuple(row.get(k) for k in ("task", "seed", "kind", "name", "width"))
-
-
-def merge_saved(saved: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, Any],
-                                                      float]:
-    """The runs of several saved results together (their settings must match, bar the arms,
-    skipped arms and run counts), with the sum of their times and the commands' arms merged.
-    A run of the same task, seed, kind, name and width in a later file replaces the earlier
-    one (an arm run again after a change replaces its stored runs)."""
-    setup = dict(saved[0]["setup"])
-    for other in saved[1:]:
-        theirs = other["setup"]
-        for key in ("patience", "max_dendrites", "max_epochs", "lr", "seeds", "quick"):
-            if theirs.get(key) != setup.get(key):
-                raise SystemExit(f"--summarize: the saved runs differ in {key}: "
-                                 f"{setup.get(key)} and {theirs.get(key)}")
-        setup["arms"] = {**setup.get("arms", {}), **theirs.get("arms", {})}
-        setup["skipped_arms"] = {**setup.get("skipped_arms", {}),
-                                 **theirs.get("skipped_arms", {})}
-    # an arm one command skipped (an older perfora) and another ran is not skipped
-    setup["skipped_arms"] = {k: v for k, v in setup.get("skipped_arms", {}).items()
-                             if k not in setup.get("arms", {})}
-    latest: dict[tuple[Any, ...], dict[str, Any]] = {}
-    for r in (r for s in saved for r in s["runs"]):
-        latest.pop(_run_key(r), None)  # re-inserted last: the order follows the files
-        latest[_run_key(r)] = r
-    rows = list(latest.values())
-    setup["runs"] = len(rows)
-    return rows, setup, sum(s["total_seconds"] for s in saved)
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; print the tables, write the JSON and the plots."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.summarize is not None:
-        rows, setup, total = merge_saved([json.loads(p.read_text()) for p in args.summarize])
+        rows, setup, total = qs.merge_saved([json.loads(p.read_text()) for p in args.summarize])
         report(rows, setup, total, out_dir(args), output_path(args))
         return 0
 

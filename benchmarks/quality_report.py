@@ -14,6 +14,10 @@ def _yes(flag: bool | None) -> str:
     return "" if flag is None else ("yes" if flag else "no")
 
 
+def _percent(value: float | None) -> float | None:
+    return None if value is None else 100 * value
+
+
 def _beyond(row: dict[str, Any], key: str) -> str:
     return " (beyond)" if row.get(f"beyond_{key}") else ""
 
@@ -61,8 +65,9 @@ def summary_table(rows: list[dict[str, Any]]) -> str:
 def width_search_table(summaries: dict[str, dict[str, Any]], arms: tuple[str, ...]) -> str:
     """Markdown: the early-stopped curve as a width sweep against one grown run per arm."""
     lines = ["| task | best width | its params | its median | sweep epochs | arm | arm median "
-             "| arm epochs | within 1 point, fewer epochs |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| arm epochs | within 1 point, fewer epochs | arm at the sweep's epochs "
+             "| within 1 point by then |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for task, summary in summaries.items():
         search = summary["width_search"]
         if search is None:
@@ -74,18 +79,19 @@ def width_search_table(summaries: dict[str, dict[str, Any]], arms: tuple[str, ..
             lines.append(f"| {task} | {search['best_width']} | {search['best_params']:.0f} | "
                          f"{100 * search['best_median']:.1f} | {search['sweep_epochs']:g} | "
                          f"{arm['name']} | {100 * arm['median']:.1f} | {arm['epochs']:g} | "
-                         f"{_yes(flag)} |")
+                         f"{_yes(flag)} | {_fmt(_percent(arm.get('at_sweep_budget')), '.1f')} "
+                         f"| {_yes(arm.get('near_best_width_by_sweep_budget'))} |")
     return "\n".join(lines)
 
 
 def targets_table(rows: list[dict[str, Any]]) -> str:
     """Markdown: the issue's targets per task and judged arm, with a count of each column."""
     keys = ("at_matched", "at_matched_paired", "above_start", "beats_curves_by_2",
-            "width_search", "spirals_95")
+            "width_search", "width_search_by_budget", "spirals_95")
     lines = ["| task | arm | median | vs_matched | paired | vs_curve | vs_start "
              "| >= matched - 0.5 | paired | >= start + 1 | >= both curves + 2 | width search "
-             "| spirals >= 95% |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| by the sweep's epochs | spirals >= 95% |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['task']} | {r['arm']} | {100 * r['median']:.1f} | "
                      f"{_fmt(r['vs_matched'])} | {_fmt(r.get('vs_matched_paired'))} | "

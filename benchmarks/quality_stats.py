@@ -1,9 +1,11 @@
-"""The quality benchmark's statistics: curves, comparisons at an arm's size, width search, targets.
+"""The quality benchmark's statistics: curves, comparisons at an arm's size, width search,
+targets, and saved runs merged.
 
 Rows come from quality.py: ``kind`` "curve" (a width, early-stopped), "arm" (a grown run on
-the start width) or "matched" (a width trained without early stopping; its ``trace`` lists
-(epoch, test accuracy) at each new best validation score, so its result after any budget of
-epochs is the last entry at or before that epoch).
+the start width) or "matched" (a width trained without early stopping). A row's ``trace``
+lists (epoch, test accuracy) at each new best validation score, so its result after any
+budget of epochs is the last entry at or before that epoch (arm rows saved before arms
+recorded it have none).
 """
 
 from __future__ import annotations
@@ -86,7 +88,18 @@ def width_search(curve: list[dict[str, Any]], rows: list[dict[str, Any]]) -> dic
         per_seed[r["seed"]] = per_seed.get(r["seed"], 0) + r["epochs"]
     return {"best_width": best["width"], "best_params": best["params"],
             "best_median": best["median"],
-            "sweep_epochs": float(np.median(list(per_seed.values())))}
+            "sweep_epochs": float(np.median(list(per_seed.values()))),
+            "sweep_epochs_per_seed": per_seed}
+
+
+def at_sweep_budget(runs: list[dict[str, Any]], search: dict[str, Any]) -> float | None:
+    """Median over seeds of each grown run cut one epoch before its seed's whole width sweep
+    ends: the test accuracy at its best validation epoch so far, the model a user who gave
+    growth the sweep's epochs would hold. None without every run's trace or seed's sweep."""
+    per_seed = {int(k): v for k, v in search.get("sweep_epochs_per_seed", {}).items()}
+    if not runs or any("trace" not in r or r["seed"] not in per_seed for r in runs):
+        return None
+    return float(np.median([at_budget(r["trace"], per_seed[r["seed"]] - 1) for r in runs]))
 
 
 def _compare(arm: dict[str, Any], curve: list[dict[str, Any]], key: str) -> None:
@@ -145,6 +158,10 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             if search is not None:
                 arm["near_best_width"] = bool(arm["median"] >= search["best_median"] - 0.01)
                 arm["fewer_epochs_than_sweep"] = bool(arm["epochs"] < search["sweep_epochs"])
+                cut = at_sweep_budget(runs, search)
+                arm["at_sweep_budget"] = cut
+                arm["near_best_width_by_sweep_budget"] = None if cut is None else bool(
+                    cut >= search["best_median"] - 0.01)
             arms.append(arm)
         names = [a["name"] for a in arms]
         budget_arm = BUDGET_ARM if BUDGET_ARM in names else (names[0] if names else None)
@@ -207,5 +224,39 @@ def target_rows(summaries: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
                 "beats_curves_by_2": _flag(both, 2.0),
                 "width_search": None if search is None else bool(
                     arm["near_best_width"] and arm["fewer_epochs_than_sweep"]),
+                "at_sweep_budget": arm.get("at_sweep_budget"),
+                "width_search_by_budget": arm.get("near_best_width_by_sweep_budget"),
                 "spirals_95": bool(arm["median"] >= 0.95) if task == "spirals" else None})
     return rows
+
+
+def _run_key(row: dict[str, Any]) -> tuple[Any, ...]:
+    return tuple(row.get(k) for k in ("task", "seed", "kind", "name", "width"))
+
+
+def merge_saved(saved: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, Any],
+                                                      float]:
+    """The runs of several saved results together (their settings must match, bar the arms,
+    skipped arms and run counts), with the sum of their times and the commands' arms merged.
+    A run of the same task, seed, kind, name and width in a later file replaces the earlier
+    one (an arm run again after a change replaces its stored runs)."""
+    setup = dict(saved[0]["setup"])
+    for other in saved[1:]:
+        theirs = other["setup"]
+        for key in ("patience", "max_dendrites", "max_epochs", "lr", "seeds", "quick"):
+            if theirs.get(key) != setup.get(key):
+                raise SystemExit(f"--summarize: the saved runs differ in {key}: "
+                                 f"{setup.get(key)} and {theirs.get(key)}")
+        setup["arms"] = {**setup.get("arms", {}), **theirs.get("arms", {})}
+        setup["skipped_arms"] = {**setup.get("skipped_arms", {}),
+                                 **theirs.get("skipped_arms", {})}
+    # an arm one command skipped (an older perfora) and another ran is not skipped
+    setup["skipped_arms"] = {k: v for k, v in setup.get("skipped_arms", {}).items()
+                             if k not in setup.get("arms", {})}
+    latest: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for r in (r for s in saved for r in s["runs"]):
+        latest.pop(_run_key(r), None)  # re-inserted last: the order follows the files
+        latest[_run_key(r)] = r
+    rows = list(latest.values())
+    setup["runs"] = len(rows)
+    return rows, setup, sum(s["total_seconds"] for s in saved)

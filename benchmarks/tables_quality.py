@@ -1,7 +1,9 @@
 """benchmarks/README.md's tables of ``quality.py`` (see tables.py), from the stored JSON.
 
 ``quality.json`` is the current full run; ``quality_dendrite_arms.json`` the earlier full run
-of the dendrite variants (kept: the text on those arms comes from it).
+of the dendrite variants (kept: the text on those arms comes from it);
+``quality_width_budget.json`` the default run again with each run's trace, for the width
+search cut where the sweep ends.
 """
 
 from __future__ import annotations
@@ -9,6 +11,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from typing import Any
+
+import quality_stats as qs
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -89,6 +93,23 @@ def table_quality_width_search() -> str:
                   "arm epochs", "within 1 point in fewer epochs"], out)
 
 
+def table_quality_width_budget() -> str:
+    """The width search with the default's runs cut where each seed's sweep ends:
+    ``quality_width_budget.json`` (the default run again with its traces) over the stored
+    curves of ``quality.json``."""
+    rows, _, _ = qs.merge_saved([_load("quality.json"), _load("quality_width_budget.json")])
+    out = []
+    for r in qs.target_rows(qs.summarize(rows)):
+        if r["arm"] != "default":
+            continue
+        out.append([r["task"], f"{100 * r['best_width_median']:.1f}", f"{r['sweep_epochs']:g}",
+                    f"{100 * r['median']:.1f}", f"{r['epochs']:g}", _yes(r["width_search"]),
+                    f"{100 * r['at_sweep_budget']:.1f}", _yes(r["width_search_by_budget"])])
+    return _rows(["task", "best width's median", "sweep epochs", "default median",
+                  "default epochs", "within 1 point in fewer epochs",
+                  "default cut where the sweep ends", "within 1 point by then"], out)
+
+
 TARGET_KEYS = ("at_matched", "at_matched_paired", "above_start", "beats_curves_by_2",
                "width_search", "spirals_95")
 
@@ -124,4 +145,5 @@ def table_quality_setup() -> str:
 TABLES = {"quality-setup": table_quality_setup, "quality": table_quality,
           "quality-curve": table_quality_curve, "quality-width-search": table_quality_width_search,
           "quality-targets": table_quality_targets,
+          "quality-width-budget": table_quality_width_budget,
           "quality-dendrite-arms": table_quality_dendrite_arms}

@@ -94,6 +94,31 @@ def test_the_width_search_is_the_whole_sweep_against_one_grown_run() -> None:
     assert arm["near_best_width"] and not arm["fewer_epochs_than_sweep"]
 
 
+def test_the_width_search_by_the_sweep_s_epochs_cuts_each_grown_run_where_its_sweep_ends(
+) -> None:
+    # two spirals' case: the sweep's early-stopped widths end after few epochs at a low
+    # accuracy, and the grown run goes on far longer to a far higher one; cut where its own
+    # seed's sweep ends (70 and 90 epochs here), it already is within a point of the best width
+    qs = _stats()
+    rows = [_curve(s, 4, 100, 0.80, 30) for s in (0, 1, 2)]
+    rows += [_curve(s, 8, 400, 0.90, 40 if s < 2 else 60) for s in (0, 1, 2)]  # 70, 70, 90
+    traces = {0: [[1, 0.5], [60, 0.895], [500, 0.99]],  # within a point by epoch 69
+              1: [[1, 0.5], [69, 0.90], [500, 0.99]],  # the last epoch before the sweep ends
+              2: [[1, 0.5], [80, 0.95], [500, 0.99]]}  # by 89: its own sweep is longer
+    rows += [{**_arm(s, 0.99, 300, 600), "trace": traces[s]} for s in (0, 1, 2)]
+    late = {0: [[1, 0.5], [70, 0.95]], 1: [[1, 0.5], [70, 0.95]], 2: [[1, 0.5], [90, 0.95]]}
+    rows += [{**_arm(s, 0.95, 300, 600, "dendrites"), "trace": late[s]} for s in (0, 1, 2)]
+    rows += [_arm(s, 0.99, 300, 600, "neurons_random") for s in (0, 1, 2)]  # no traces
+    targets = {r["arm"]: r for r in qs.target_rows(qs.summarize(rows))}
+    assert targets["default"]["width_search"] is False  # 600 epochs against the sweep's 70
+    assert targets["default"]["width_search_by_budget"] is True
+    assert targets["default"]["at_sweep_budget"] == pytest.approx(0.90)  # of .895, .90, .95
+    # the same accuracy reached only at the epoch each sweep ends is not in fewer epochs
+    assert targets["dendrites"]["width_search_by_budget"] is False
+    assert targets["dendrites"]["at_sweep_budget"] == pytest.approx(0.5)
+    assert targets["neurons_random"]["width_search_by_budget"] is None  # runs saved untraced
+
+
 def test_an_arm_the_installed_perfora_rejects_is_skipped_and_a_bad_custom_arm_is_refused(
         capsys: pytest.CaptureFixture[str]) -> None:
     quality = load("quality")
@@ -111,26 +136,26 @@ def test_an_arm_the_installed_perfora_rejects_is_skipped_and_a_bad_custom_arm_is
 
 
 def test_runs_saved_apart_are_reported_together_only_with_the_same_settings() -> None:
-    quality = load("quality")
+    qs = _stats()
     setup = {"patience": 10, "max_dendrites": 4, "max_epochs": 2000, "lr": 0.01,
              "seeds": [0, 1], "quick": False, "arms": {"default": {}}}
     one = {"setup": setup, "total_seconds": 5.0, "runs": [_arm(0, 0.5, 10, 5)]}
     two = {"setup": {**setup, "arms": {"gd": {}}}, "total_seconds": 7.0,
            "runs": [_arm(1, 0.5, 10, 5)]}
-    rows, merged, total = quality.merge_saved([one, two])
+    rows, merged, total = qs.merge_saved([one, two])
     assert len(rows) == 2 and total == 12.0 and set(merged["arms"]) == {"default", "gd"}
     with pytest.raises(SystemExit, match="patience"):
-        quality.merge_saved([one, {**two, "setup": {**setup, "patience": 8}}])
+        qs.merge_saved([one, {**two, "setup": {**setup, "patience": 8}}])
 
 
 def test_an_arm_run_again_replaces_its_stored_runs_when_reported_together() -> None:
-    quality = load("quality")
+    qs = _stats()
     setup = {"patience": 10, "max_dendrites": 4, "max_epochs": 2000, "lr": 0.01,
              "seeds": [0, 1], "quick": False, "arms": {"default": {}}}
     stored = {"setup": setup, "total_seconds": 5.0,
               "runs": [_arm(0, 0.5, 10, 5), _arm(1, 0.6, 10, 5)]}
     again = {"setup": setup, "total_seconds": 2.0, "runs": [_arm(1, 0.9, 10, 5)]}
-    rows, merged, _ = quality.merge_saved([stored, again])
+    rows, merged, _ = qs.merge_saved([stored, again])
     assert [(r["seed"], r["test"]) for r in rows] == [(0, 0.5), (1, 0.9)]
     assert merged["runs"] == 2
 
@@ -175,3 +200,16 @@ def test_a_run_without_datasets_runs_the_stored_six_tasks_and_the_mobilenet_one_
                                      "digits_cnn"]
     assert quality.build_parser().parse_args(["--datasets", "digits_mbconv"]).datasets == \
         ["digits_mbconv"]
+
+
+def test_a_grown_run_records_its_best_validation_epochs_so_it_can_be_cut_at_any_budget(
+) -> None:
+    quality = load("quality")
+    task = quality.load_task("spirals", 0)
+    setup = quality.Setup(patience=2, max_dendrites=1, max_epochs=8)  # x5 on spirals
+    row = quality.run_controller(task, task.width, 0, setup, {})
+    epochs = [epoch for epoch, _ in row["trace"]]
+    assert epochs == sorted(set(epochs)) and epochs[-1] <= row["epochs"]
+    # the run's score is the test accuracy at its last best validation epoch
+    assert row["trace"][-1][1] == row["test"]
+    assert quality.qs.at_budget(row["trace"], row["epochs"]) == row["test"]
