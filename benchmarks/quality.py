@@ -355,6 +355,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"subset of arms: {', '.join(ARMS)} (and custom with --set)")
     settings_arg.add_set_argument(
         parser, help="define arm 'custom' (PerforaConfig overrides, JSON values)")
+    parser.add_argument("--improvement-threshold", type=float, default=1e-3, metavar="REL",
+                        help="the relative margin every run (curves and arms) must beat its "
+                             "best by (default 1e-3; the library's own default is 1e-4)")
     parser.add_argument("--no-curve", action="store_true", help="skip both width curves")
     parser.add_argument("--jobs", type=int, default=2, help="parallel runs (default 2)")
     parser.add_argument("--out-dir", type=Path, default=None,
@@ -429,10 +432,15 @@ def main(argv: list[str] | None = None) -> int:
     for name in selected:
         if name not in arms:
             parser.error(f"unknown arm {name!r}; known: {', '.join(arms)}")
+    if not args.improvement_threshold >= 0:
+        parser.error(f"--improvement-threshold {args.improvement_threshold}: give a "
+                     "non-negative number")
     if args.quick:
-        setup = Setup(patience=8, max_dendrites=2, max_epochs=150)
+        setup = Setup(patience=8, max_dendrites=2, max_epochs=150,
+                      improvement_threshold=args.improvement_threshold)
     else:
-        setup = Setup(patience=10, max_dendrites=4, max_epochs=2000)
+        setup = Setup(patience=10, max_dendrites=4, max_epochs=2000,
+                      improvement_threshold=args.improvement_threshold)
     selected, skipped = _accepted_arms(parser, arms, selected, setup)
     seeds = list(range(args.seeds or (3 if args.quick else 5)))
     tasks = args.datasets or default_tasks()

@@ -230,6 +230,10 @@ def target_rows(summaries: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
+SETUP_BEFORE: dict[str, Any] = {"improvement_threshold": 1e-3}
+"""Settings that saved runs made before the harness recorded them all ran with."""
+
+
 def _run_key(row: dict[str, Any]) -> tuple[Any, ...]:
     return tuple(row.get(k) for k in ("task", "seed", "kind", "name", "width"))
 
@@ -243,8 +247,9 @@ def merge_saved(saved: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict
     setup = dict(saved[0]["setup"])
     for other in saved[1:]:
         theirs = other["setup"]
-        for key in ("patience", "max_dendrites", "max_epochs", "lr", "seeds", "quick"):
-            if theirs.get(key) != setup.get(key):
+        for key in ("patience", "max_dendrites", "max_epochs", "lr", "seeds", "quick",
+                    "improvement_threshold"):
+            if theirs.get(key, SETUP_BEFORE.get(key)) != setup.get(key, SETUP_BEFORE.get(key)):
                 raise SystemExit(f"--summarize: the saved runs differ in {key}: "
                                  f"{setup.get(key)} and {theirs.get(key)}")
         setup["arms"] = {**setup.get("arms", {}), **theirs.get("arms", {})}

@@ -3,7 +3,8 @@
 ``quality.json`` is the current full run; ``quality_dendrite_arms.json`` the earlier full run
 of the dendrite variants (kept: the text on those arms comes from it);
 ``quality_width_budget.json`` the default run again with each run's trace, for the width
-search cut where the sweep ends.
+search cut where the sweep ends; ``quality_threshold_1e-3.json`` and ``_1e-4.json`` the
+default and both curves with each improvement threshold.
 """
 
 from __future__ import annotations
@@ -110,6 +111,30 @@ def table_quality_width_budget() -> str:
                   "default cut where the sweep ends", "within 1 point by then"], out)
 
 
+THRESHOLD_RUNS = (("1e-3", "quality_threshold_1e-3.json"), ("1e-4", "quality_threshold_1e-4.json"))
+"""The default arm and both curves, every run with the harness's threshold and the library's."""
+THRESHOLD_KEYS = ("at_matched", "at_matched_paired", "above_start", "beats_curves_by_2",
+                  "width_search", "width_search_by_budget", "spirals_95")
+
+
+def table_quality_threshold() -> str:
+    """The default's targets with each improvement threshold (curves and arm alike)."""
+    out = []
+    for threshold, name in THRESHOLD_RUNS:
+        rows = [r for r in _load(name)["targets"] if r["arm"] == "default"]
+        out += [[r["task"], threshold, f"{100 * r['median']:.1f}", f"{r['params']:.0f}",
+                 f"{r['epochs']:g}", _points(r["vs_matched"]),
+                 _points(r.get("vs_matched_paired")), _points(r["vs_start"])]
+                + [_yes(r.get(k)) for k in THRESHOLD_KEYS] for r in rows]
+        out.append(["**met**", threshold, "", "", "", "", "", ""] + [
+            f"{sum(bool(r.get(k)) for r in rows)}/{sum(r.get(k) is not None for r in rows)}"
+            for k in THRESHOLD_KEYS])
+    return _rows(["task", "threshold", "median %", "params", "epochs", "vs_matched", "paired",
+                  "vs_start", ">= matched - 0.5", "paired", ">= start + 1",
+                  ">= both curves + 2", "width search", "by the sweep's epochs",
+                  "spirals >= 95%"], out)
+
+
 TARGET_KEYS = ("at_matched", "at_matched_paired", "above_start", "beats_curves_by_2",
                "width_search", "spirals_95")
 
@@ -146,4 +171,5 @@ TABLES = {"quality-setup": table_quality_setup, "quality": table_quality,
           "quality-curve": table_quality_curve, "quality-width-search": table_quality_width_search,
           "quality-targets": table_quality_targets,
           "quality-width-budget": table_quality_width_budget,
+          "quality-threshold": table_quality_threshold,
           "quality-dendrite-arms": table_quality_dendrite_arms}

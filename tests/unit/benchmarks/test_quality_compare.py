@@ -148,6 +148,32 @@ def test_runs_saved_apart_are_reported_together_only_with_the_same_settings() ->
         qs.merge_saved([one, {**two, "setup": {**setup, "patience": 8}}])
 
 
+def test_runs_made_with_another_improvement_threshold_are_not_reported_together() -> None:
+    qs = _stats()
+    setup = {"patience": 10, "max_dendrites": 4, "max_epochs": 2000, "lr": 0.01,
+             "seeds": [0, 1], "quick": False, "arms": {"default": {}}}
+    before = {"setup": setup, "total_seconds": 1.0, "runs": [_arm(0, 0.5, 10, 5)]}  # 1e-3
+    same = {"setup": {**setup, "improvement_threshold": 1e-3}, "total_seconds": 1.0,
+            "runs": [_arm(1, 0.5, 10, 5)]}
+    assert len(qs.merge_saved([before, same])[0]) == 2
+    other = {**same, "setup": {**setup, "improvement_threshold": 1e-4}}
+    with pytest.raises(SystemExit, match="improvement_threshold"):
+        qs.merge_saved([before, other])
+
+
+def test_the_improvement_threshold_option_sets_every_run_s_and_refuses_a_negative_one(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    quality = load("quality")
+    args = quality.build_parser().parse_args(["--improvement-threshold", "1e-4"])
+    setup = quality.Setup(patience=2, max_dendrites=1, max_epochs=5,
+                          improvement_threshold=args.improvement_threshold)
+    assert quality.make_config(setup, 1, 0, {}).improvement_threshold == 1e-4
+    assert quality.build_parser().parse_args([]).improvement_threshold == 1e-3
+    with pytest.raises(SystemExit):
+        quality.main(["--improvement-threshold", "-0.1", "--datasets", "wine"])
+    assert "non-negative" in capsys.readouterr().err
+
+
 def test_an_arm_run_again_replaces_its_stored_runs_when_reported_together() -> None:
     qs = _stats()
     setup = {"patience": 10, "max_dendrites": 4, "max_epochs": 2000, "lr": 0.01,
