@@ -17,7 +17,8 @@ overrides) grows the narrow start-width network. The plain network is trained at
   every shorter budget is a prefix of it).
 
 All runs share the optimizer (Adam, lr 0.01, rebuilt after every restructure), batch size,
-patience, improvement threshold and epoch cap; the controller sees the validation loss, and
+patience, improvement threshold (1e-3, ``--improvement-threshold``; the library's default is
+1e-4) and epoch cap; the controller sees the validation loss, and
 a run's score is the test accuracy at its best validation epoch. Per task, arm and curve
 point: median and quartiles of that accuracy over seeds, median parameter count. An arm's
 ``vs_curve`` and ``vs_matched`` are its median minus the curve's median accuracy at the
@@ -27,7 +28,9 @@ start width's (the 1x point of the early-stopped curve). ``vs_matched_paired`` (
 ``vs_curve_paired``) pair the seeds instead: the median over seeds of a run's accuracy
 minus its own seed's curve at the run's own parameter count. All in accuracy points (x100).
 The **width search** treats the early-stopped curve as a user's width sweep: its best width
-and total epochs, against one grown run. The **targets** table judges ``TARGET_ARMS``.
+and total epochs, against one grown run, judged by its final accuracy and epochs and, from its
+``trace`` (every run records one), cut where its seed's sweep ends. The **targets** table
+judges ``TARGET_ARMS``.
 
 Caps: ``--quick`` 3 seeds, patience 8, max_dendrites (and neuron steps) 2, epoch cap 150;
 full 5 seeds, patience 10, 4 sets or steps, epoch cap 2000 (spirals: patience and cap x5).
