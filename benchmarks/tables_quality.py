@@ -2,9 +2,8 @@
 
 ``quality.json`` is the current full run; ``quality_dendrite_arms.json`` the earlier full run
 of the dendrite variants (kept: the text on those arms comes from it);
-``quality_width_budget.json`` the default run again with each run's trace, for the width
-search cut where the sweep ends; ``quality_threshold_1e-3.json`` and ``_1e-4.json`` the
-default and both curves with each improvement threshold.
+``quality_threshold_1e-3.json`` and ``_1e-4.json`` the default and both curves with each
+improvement threshold, with every run's trace (the width search cut where the sweep ends).
 """
 
 from __future__ import annotations
@@ -12,8 +11,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from typing import Any
-
-import quality_stats as qs
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -95,12 +92,10 @@ def table_quality_width_search() -> str:
 
 
 def table_quality_width_budget() -> str:
-    """The width search with the default's runs cut where each seed's sweep ends:
-    ``quality_width_budget.json`` (the default run again with its traces) over the stored
-    curves of ``quality.json``."""
-    rows, _, _ = qs.merge_saved([_load("quality.json"), _load("quality_width_budget.json")])
+    """The width search with the default's runs also cut where each seed's sweep ends (the
+    1e-3 run of ``quality_threshold_1e-3.json``: the default and both curves, with traces)."""
     out = []
-    for r in qs.target_rows(qs.summarize(rows)):
+    for r in _load("quality_threshold_1e-3.json")["targets"]:
         if r["arm"] != "default":
             continue
         out.append([r["task"], f"{100 * r['best_width_median']:.1f}", f"{r['sweep_epochs']:g}",

@@ -88,7 +88,7 @@ def test_with_carry_the_optimizer_goes_on_after_a_dendrite_set(settings):
 
 def test_the_carried_moments_are_the_old_optimizers():
     # right at the set: the rebuilt optimizer holds the old moments, the new dendrites none
-    before, _, decision, _ = _run_until_the_set(dendrite_optimizer="carry")
+    before, decision = _run_until_the_set(dendrite_optimizer="carry")
     opt, names = decision.optimizer, dict(decision.model.named_parameters())
     for name, saved in before.items():
         state = opt.state[names[name]]
@@ -97,7 +97,9 @@ def test_the_carried_moments_are_the_old_optimizers():
     assert all(not opt.state[p] for n, p in names.items() if n not in before)
 
 
-def _run_until_the_set(**settings) -> tuple[dict, float, perfora.Decision, None]:
+def _run_until_the_set(**settings) -> tuple[dict, perfora.Decision]:
+    """One training step, then the set: the old optimizer's state per parameter name, and
+    the decision that added the set."""
     model, ctl = _controller(fixed_switch_num=1, max_dendrites=1, **settings)
     opt, _ = ctl.build_optimizer()
     opt.zero_grad()
@@ -107,7 +109,7 @@ def _run_until_the_set(**settings) -> tuple[dict, float, perfora.Decision, None]
               for name, p in model.named_parameters()}
     decision = ctl.step(0.5)
     assert decision.restructured, decision.reason
-    return before, 0.01, decision, None
+    return before, decision
 
 
 @pytest.mark.parametrize("settings", [
