@@ -29,6 +29,7 @@ from ..errors import PerforationError
 from ..nn.blocks import is_hf_conv1d
 from ..nn.consumers import LayerPlan, WideningPlan, plan_widening
 from ..nn.layers import DendriticLayer, dendritic_layers, unwrap_model
+from ..nn.norm_widening import neuron_multiple
 from ..nn.widening import gradmax_rows, widen
 from ..parallel.base import PairScope, ParallelBackend
 from .state import ControllerState
@@ -150,9 +151,11 @@ def reduce_signal(signal: WideningSignal | None, model: nn.Module,
     return signal.reduced(shapes)
 
 
-def step_size(layer: nn.Module, config: PerforaConfig) -> int:
-    """Neurons one step adds to ``layer``: ``neurons_per_step`` of its starting width."""
-    return max(1, int(config.neurons_per_step * start_width(layer) + 0.5))
+def step_size(layer: nn.Module, config: PerforaConfig, multiple: int = 1) -> int:
+    """Neurons one step adds to ``layer``: ``neurons_per_step`` of its starting width,
+    rounded up to a ``multiple`` (a GroupNorm's group size on the way)."""
+    k = max(1, int(config.neurons_per_step * start_width(layer) + 0.5))
+    return -(-k // multiple) * multiple
 
 
 def widen_layers(model: nn.Module, config: PerforaConfig, state: ControllerState,
@@ -167,7 +170,7 @@ def widen_layers(model: nn.Module, config: PerforaConfig, state: ControllerState
         opened = scope(targets[path]) if scope is not None else contextlib.nullcontext(inner)
         with opened as root:
             layer = root.get_submodule(path)
-            k = step_size(layer, config)
+            k = step_size(layer, config, neuron_multiple(root, targets[path]))
             seed = zlib.crc32(f"{config.seed}:{state.additions}:{path}:neurons".encode())
             gen = torch.Generator().manual_seed(seed)
             init, how = None, "random"

@@ -11,8 +11,9 @@ the call the narrow layer made, and adds the pieces (a zero piece adds an exact 
 
 * :class:`BlockedLayer` (mixed into ``nn.Linear``, ``nn.Conv1d/2d/3d`` and Hugging Face's
   ``Conv1D`` by swapping the instance's class) holds ``out_blocks``/``in_blocks``;
-* :class:`BlockedBatchNorm` normalises each channel block apart (statistics are per channel,
-  so the old channels' running statistics and outputs are unchanged);
+* :class:`BlockedBatchNorm`, :class:`BlockedInstanceNorm` and :class:`BlockedGroupNorm`
+  normalise each channel block apart (statistics are per channel, or per group of channels,
+  and a block holds whole groups, so the old channels' statistics and outputs are unchanged);
 * :class:`Blockwise` wraps a stateless module or function (an activation, a pooling layer)
   and applies it to each block apart along one axis.
 
@@ -31,6 +32,9 @@ from torch import nn
 from ..errors import PerforationError
 
 BN_TYPES = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
+IN_TYPES = (nn.InstanceNorm1d, nn.InstanceNorm2d, nn.InstanceNorm3d)
+CHANNEL_NORMS = (*BN_TYPES, *IN_TYPES, nn.GroupNorm)
+"""Norms a widening passes through: each gains channels (GroupNorm: whole groups)."""
 CONV_TYPES = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
 
 
@@ -216,11 +220,21 @@ def depthwise_blocks(conv: nn.Module, x: torch.Tensor, weight: torch.Tensor,
     return outs[0] if whole else joined(outs, axis, outs[0])
 
 
-class BlockedBatchNorm:
-    """Mixin for a widened BatchNorm: each channel block is normalised apart (the same
-    per-channel statistics, the same kernel call as before for the old channels)."""
+class BlockedNorm:
+    """Base of the widened norms' mixins: ``out_blocks`` holds the channel blocks."""
 
     out_blocks: list[int] | None = None
+
+
+def _cut(t: torch.Tensor | None, start: int, length: int) -> torch.Tensor | None:
+    """One block of a per-channel parameter or buffer, as a view (running statistics are
+    updated in place through it)."""
+    return None if t is None else t.narrow(0, start, length)
+
+
+class BlockedBatchNorm(BlockedNorm):
+    """Mixin for a widened BatchNorm: each channel block is normalised apart (the same
+    per-channel statistics, the same kernel call as before for the old channels)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         blocks = self.out_blocks
@@ -236,16 +250,50 @@ class BlockedBatchNorm:
         use_batch = bn.training or (bn.running_mean is None and bn.running_var is None)
         running = not bn.training or bn.track_running_stats
         axis = 1 if x.dim() > 1 else 0
-        outs = []
-        for start, length in spans(blocks):
-            def cut(t, start=start, length=length):
-                return None if t is None else t.narrow(0, start, length)
-            outs.append(F.batch_norm(
-                block_of(x, axis, start, length),
-                cut(bn.running_mean) if running else None,
-                cut(bn.running_var) if running else None,
-                cut(bn.weight), cut(bn.bias), use_batch, factor, bn.eps))
+        outs = [F.batch_norm(block_of(x, axis, start, length),
+                             _cut(bn.running_mean, start, length) if running else None,
+                             _cut(bn.running_var, start, length) if running else None,
+                             _cut(bn.weight, start, length), _cut(bn.bias, start, length),
+                             use_batch, factor, bn.eps)
+                for start, length in spans(blocks)]
         return joined(outs, axis, x)
+
+
+class BlockedInstanceNorm(BlockedNorm):
+    """Mixin for a widened InstanceNorm: each channel block is normalised apart (statistics
+    are per sample and channel; torch's own forward handles an unbatched input)."""
+
+    def _apply_instance_norm(self, x: torch.Tensor) -> torch.Tensor:
+        blocks = self.out_blocks
+        if not blocks or len(blocks) == 1:
+            return super()._apply_instance_norm(x)  # type: ignore[misc]
+        norm: Any = self
+        use_input = norm.training or not norm.track_running_stats
+        momentum = norm.momentum if norm.momentum is not None else 0.0
+        outs = [F.instance_norm(block_of(x, 1, start, length),
+                                _cut(norm.running_mean, start, length),
+                                _cut(norm.running_var, start, length),
+                                _cut(norm.weight, start, length), _cut(norm.bias, start, length),
+                                use_input, momentum, norm.eps)
+                for start, length in spans(blocks)]
+        return joined(outs, 1, x)
+
+
+class BlockedGroupNorm(BlockedNorm):
+    """Mixin for a widened GroupNorm: each channel block, whole groups of the same size, is
+    normalised apart with the call the narrow norm made for it."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        blocks = self.out_blocks
+        if not blocks or len(blocks) == 1:
+            return super().forward(x)  # type: ignore[misc]
+        norm: Any = self
+        size = norm.num_channels // norm.num_groups
+        outs = [F.group_norm(block_of(x, 1, start, length), length // size,
+                             _cut(norm.weight, start, length), _cut(norm.bias, start, length),
+                             norm.eps)
+                for start, length in spans(blocks)]
+        return joined(outs, 1, x)
 
 
 def per_component(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -292,10 +340,13 @@ _CLASSES: dict[type, type] = {}
 
 def blocked_class(cls: type) -> type:
     """The blocked subclass of a Linear/Conv/HF Conv1D/BatchNorm class (made once, cached)."""
-    if issubclass(cls, (BlockedLayer, BlockedBatchNorm)):
+    if issubclass(cls, (BlockedLayer, BlockedNorm)):
         return cls
     if cls not in _CLASSES:
-        mixin = BlockedBatchNorm if issubclass(cls, BN_TYPES) else BlockedLayer
+        mixin = next((m for types, m in ((BN_TYPES, BlockedBatchNorm),
+                                         (IN_TYPES, BlockedInstanceNorm),
+                                         ((nn.GroupNorm,), BlockedGroupNorm))
+                      if issubclass(cls, types)), BlockedLayer)
         made = type(f"Blocked{cls.__name__}", (mixin, cls), {"__module__": __name__,
                                                              "plain_class": cls})
         made.__qualname__ = made.__name__
@@ -304,13 +355,13 @@ def blocked_class(cls: type) -> type:
     return _CLASSES[cls]
 
 
-for _cls in (nn.Linear, *CONV_TYPES, *BN_TYPES):
+for _cls in (nn.Linear, *CONV_TYPES, *CHANNEL_NORMS):
     blocked_class(_cls)
 
 
 def make_blocked(module: nn.Module) -> None:
     """Swap ``module``'s class for its blocked subclass (same parameters, same state keys)."""
-    if isinstance(module, (nn.Linear, *CONV_TYPES, *BN_TYPES)) or is_hf_conv1d(module):
+    if isinstance(module, (nn.Linear, *CONV_TYPES, *CHANNEL_NORMS)) or is_hf_conv1d(module):
         module.__class__ = blocked_class(type(module))
         return
     raise PerforationError(f"cannot compute a {type(module).__name__} block by block")
@@ -321,7 +372,7 @@ def plain_modules(model: nn.Module) -> nn.Module:
     :class:`Blockwise` into the module or function it wraps (the outputs then agree within
     float rounding, no longer to the bit). Returns ``model`` (or the unwrapped root)."""
     for module in list(model.modules()):
-        if isinstance(module, BlockedLayer | BlockedBatchNorm):
+        if isinstance(module, BlockedLayer | BlockedNorm):
             module.__class__ = type(module).plain_class
             for attr in ("out_blocks", "in_blocks"):
                 module.__dict__.pop(attr, None)
@@ -337,3 +388,23 @@ def plain_modules(model: nn.Module) -> nn.Module:
                 del parent._modules[attr]
                 setattr(parent, attr, module.fn)
     return model
+
+
+def without_last_block(blocks: list[int] | None, k: int, where: str) -> list[int]:
+    """``blocks`` less its newest, which must be the ``k`` units a narrowing gives back."""
+    if not blocks or len(blocks) < 2 or blocks[-1] != k:
+        raise PerforationError(f"{where}: its newest block is not the {k} units of the "
+                               f"widening being undone (blocks {blocks}); it was changed "
+                               "after the widening")
+    return list(blocks[:-1])
+
+
+def unblock_if_whole(module: nn.Module) -> None:
+    """A layer left with one block on each side becomes its plain class again."""
+    if not isinstance(module, BlockedLayer | BlockedNorm):
+        return
+    if any(len(getattr(module, side, None) or []) > 1 for side in ("out_blocks", "in_blocks")):
+        return
+    module.__class__ = type(module).plain_class
+    for side in ("out_blocks", "in_blocks"):
+        module.__dict__.pop(side, None)

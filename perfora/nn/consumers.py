@@ -4,21 +4,22 @@ A layer can gain neurons only when every reader of its outputs is known and can 
 input columns. The readers are found, in this order:
 
 1. ``pairs=``: an explicit mapping, for any model (``{"block.fc1": ["block.fc2"]}``; a
-   consumer after a flatten as ``("head", repeat)``; a BatchNorm or a stateless module on the
+   consumer after a flatten as ``("head", repeat)``; a channel norm or a stateless module on the
    way listed among the consumers is widened or applied block by block), checked by
    :mod:`perfora.nn.explicit_pairs`;
 2. the known Transformer feed-forward pairs (:mod:`perfora.nn.known_blocks`: torch's
    encoder/decoder layers, BERT, GPT-2, Llama, T5, the ViT and CLIP MLPs, GPT-NeoX, Falcon,
    BLOOM, GPT-J, OPT and the BART family); only the hidden
    width grows, never ``d_model``;
-3. ``nn.Sequential`` chains through activations, dropout, pooling, BatchNorm, depthwise convs
+3. ``nn.Sequential`` chains through activations, dropout, pooling, channel norms (BatchNorm,
+   InstanceNorm, and GroupNorm in whole groups), depthwise convs
    (which gain channels of their own) and ``Flatten``, and into transformers' ``*ConvLayer``
    modules (ResNet);
 4. ``torch.fx`` symbolic tracing, where the model traces; it also follows a chain that
    leaves its ``nn.Sequential`` before the reader (VGG's ``features`` -> ``classifier``), and
    through a squeeze-excitation gate (:mod:`perfora.nn.gates`).
 
-A layer whose output is normalised jointly (LayerNorm, GroupNorm), added to a residual
+A layer whose output is normalised jointly (LayerNorm, RMSNorm), added to a residual
 stream, split into attention heads, or read by something unknown is refused, with the reason,
 and so is a widening that would change a module used twice (called twice, or at two paths).
 """
@@ -36,10 +37,10 @@ from torch import nn
 
 from ..errors import PerforationError
 from .blocks import (
-    BN_TYPES,
+    CHANNEL_NORMS,
     CONV_TYPES,
-    BlockedBatchNorm,
     BlockedLayer,
+    BlockedNorm,
     Blockwise,
     is_hf_conv1d,
 )
@@ -48,6 +49,7 @@ from .fx_reshapes import flattens_from_dim1, is_shape_query, unfollowed_call
 from .gates import gate_of
 from .known_blocks import known_blocks
 from .layers import DendriticLayer
+from .norm_widening import describes_channels
 from .plan_types import (
     DROPOUT,
     ELEMENTWISE,
@@ -258,10 +260,10 @@ def _follow(pre: str, name: str, producer: nn.Module,
                     return refuse(path, why, by)
             elif not isinstance(child, nn.Identity):
                 entry.through.append((cpath, axis))
-        elif isinstance(child, BN_TYPES):
-            if child.num_features != width:
-                return refuse(path, f"{cpath} normalises {child.num_features} features, not "
-                                     f"its {width}", by)
+        elif isinstance(child, CHANNEL_NORMS):
+            why = describes_channels(child, width)
+            if why:
+                return refuse(path, f"{cpath} {why}", by)
             entry.through.append((cpath, 1))
         elif isinstance(child, nn.Flatten):
             if child.start_dim != 1 or child.end_dim != -1:
@@ -292,7 +294,7 @@ class _LeafTracer(torch.fx.Tracer):
     def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
         # perfora's own modules, and the widened (blocked) forms of torch's, are leaves as
         # the torch modules they stand for are: followed by type, never traced into
-        return isinstance(m, DendriticLayer | Blockwise | BlockedLayer | BlockedBatchNorm) \
+        return isinstance(m, DendriticLayer | Blockwise | BlockedLayer | BlockedNorm) \
             or is_hf_conv1d(m) or super().is_leaf_module(m, qualname)
 
 
@@ -394,7 +396,10 @@ def _follow_graph(model: nn.Module, start: torch.fx.Node) -> LayerPlan:
                 why = _pass_depthwise(entry, target, module, width, axis, flat)
                 if why:
                     return refuse(path, why, by)
-            elif isinstance(module, BN_TYPES):
+            elif isinstance(module, CHANNEL_NORMS):
+                why = describes_channels(module, width)
+                if why:
+                    return refuse(path, f"{target} {why}", by)
                 entry.through.append((target, 1))
             elif isinstance(module, (*ELEMENTWISE, *DROPOUT, *POOLING)):
                 if flat:

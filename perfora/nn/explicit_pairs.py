@@ -1,11 +1,11 @@
 """``pairs=``: the readers a user names for a layer, checked before anything changes.
 
 An entry names the modules a layer's outputs go to: Linear/Conv readers (after a flatten with
-their repeat), BatchNorms, depthwise convs and stateless modules on the way. Where the model's
-own search (:mod:`perfora.nn.consumers`) also finds the layer's readers, the entry must not
-leave out a reader, a module with state on the way (a BatchNorm, a depthwise conv), or the
-partner of a gated block: the widening would leave it narrow and the model would fail at its
-next forward.
+their repeat), channel norms (BatchNorm, InstanceNorm, GroupNorm), depthwise convs and
+stateless modules on the way. Where the model's own search (:mod:`perfora.nn.consumers`)
+also finds the layer's readers, the entry must not leave out a reader, a module with state
+on the way (a norm, a depthwise conv), or the partner of a gated block: the widening would
+leave it narrow and the model would fail at its next forward.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from typing import Any
 from torch import nn
 
 from ..errors import PerforationError
-from .blocks import BN_TYPES
+from .blocks import CHANNEL_NORMS
+from .norm_widening import norm_channels
 from .plan_types import (
     JOINT_NORMS,
     LayerPlan,
@@ -90,9 +91,9 @@ def explicit_entry(model: nn.Module, path: str, readers: Any) -> LayerPlan:
         except AttributeError as exc:
             raise PerforationError(f"pairs[{path!r}]: {target!r} is not a submodule of this "
                                    f"model{_nearest_path(model, target)}") from exc
-        if isinstance(module, BN_TYPES):
-            if module.num_features != width:
-                return refuse(path, f"pairs: {target!r} normalises {module.num_features} "
+        if isinstance(module, CHANNEL_NORMS):
+            if norm_channels(module) != width:
+                return refuse(path, f"pairs: {target!r} normalises {norm_channels(module)} "
                                      f"channels, not the {width} {path!r} gives", "pairs")
             entry.through.append((target, 1))
         elif is_grouped_conv(module):  # a depthwise conv passes the widening on
@@ -114,7 +115,7 @@ def explicit_entry(model: nn.Module, path: str, readers: Any) -> LayerPlan:
             entry.through.append((target, axis))
         else:
             return refuse(path, f"pairs: {target!r} ({type(module).__name__}) is neither a "
-                                 "Linear/Conv consumer, a BatchNorm nor stateless", "pairs")
+                                 "Linear/Conv consumer, a channel norm nor stateless", "pairs")
     if not entry.consumers:
         return refuse(path, "pairs: no Linear/Conv consumer listed", "pairs")
     return entry

@@ -3,7 +3,7 @@ columns, so a rewind to a narrower best model can load that model's weights in p
 
 Each widening (``layer.widenings``, see :mod:`perfora.nn.widening`) appended one block: k
 rows to the producer (and its partners), k (times a repeat) input columns to each consumer, k
-channels to a BatchNorm on the way, one block to a :class:`Blockwise` wrapper. Narrowing drops
+channels to a channel norm on the way, one block to a :class:`Blockwise` wrapper. Narrowing drops
 the last block of each, newest widening first; a wrapper left with one block gives back the
 module or function it wrapped. The values kept are the old ones (the caller loads the saved
 weights afterwards); the shapes are those the layer had before the widening.
@@ -17,9 +17,17 @@ import torch
 from torch import nn
 
 from ..errors import PerforationError
-from .blocks import BN_TYPES, BlockedBatchNorm, BlockedLayer, Blockwise, is_hf_conv1d, same_layout
+from .blocks import (
+    CHANNEL_NORMS,
+    Blockwise,
+    is_hf_conv1d,
+    same_layout,
+    unblock_if_whole,
+    without_last_block,
+)
 from .generic_widening import cut_generic_inputs, cut_generic_outputs
 from .layers import DendriticLayer
+from .norm_widening import shrink_norm
 from .plan_types import WIDTH_EXACT, is_grouped_conv
 
 
@@ -61,17 +69,9 @@ def _cut_param(owner: nn.Module, name: str, dim: int, size: int,
     setattr(owner, name, new)
 
 
-def _last_block(blocks: list[int] | None, k: int, where: str) -> list[int]:
-    if not blocks or len(blocks) < 2 or blocks[-1] != k:
-        raise PerforationError(f"{where}: its newest block is not the {k} units of the "
-                               f"widening being undone (blocks {blocks}); it was changed "
-                               "after the widening")
-    return list(blocks[:-1])
-
-
 def _shrink_producer(module: nn.Module, k: int, path: str) -> None:
     core = _core(module)
-    outs = _last_block(getattr(core, "out_blocks", None), k, path)
+    outs = without_last_block(getattr(core, "out_blocks", None), k, path)
     od = 1 if is_hf_conv1d(core) else 0
     size = core.weight.shape[od] - k
     with torch.no_grad():
@@ -81,10 +81,10 @@ def _shrink_producer(module: nn.Module, k: int, path: str) -> None:
         if hasattr(core, attr):
             setattr(core, attr, getattr(core, attr) - k)
     core.out_blocks = outs
-    _unblock_if_whole(core)
+    unblock_if_whole(core)
     if isinstance(module, DendriticLayer):
         if module.grouped:
-            _shrink_bn(module.base[1], k, path)
+            shrink_norm(module.base[1], k, path)
         _shrink_dendritic_producer(module, k, path)
 
 
@@ -134,7 +134,7 @@ def _shrink_depthwise(module: nn.Module, k: int, path: str) -> None:
     """A depthwise conv a widening passed through gives back its k newest channels (and a
     dendritic one its sets' rows for them)."""
     core = _core(module)
-    outs = _last_block(getattr(core, "out_blocks", None), k, path)
+    outs = without_last_block(getattr(core, "out_blocks", None), k, path)
     size = core.weight.shape[0] - k
     with torch.no_grad():
         _cut_param(core, "weight", 0, size)
@@ -142,11 +142,11 @@ def _shrink_depthwise(module: nn.Module, k: int, path: str) -> None:
     for attr in ("in_channels", "out_channels", "groups"):
         setattr(core, attr, getattr(core, attr) - k)
     core.out_blocks = outs
-    _unblock_if_whole(core)
+    unblock_if_whole(core)
     if not isinstance(module, DendriticLayer):
         return
     if module.grouped:
-        _shrink_bn(module.base[1], k, path)
+        shrink_norm(module.base[1], k, path)
     n, kd = change_neuron_count(module, -k)
     if kd == 0:
         return
@@ -161,7 +161,7 @@ def _shrink_depthwise(module: nn.Module, k: int, path: str) -> None:
 
 def _shrink_consumer(module: nn.Module, extra: int, path: str) -> None:
     core = _core(module)
-    ins = _last_block(getattr(core, "in_blocks", None), extra, path)
+    ins = without_last_block(getattr(core, "in_blocks", None), extra, path)
     in_dim = 0 if is_hf_conv1d(core) else 1
     with torch.no_grad():
         _cut_param(core, "weight", in_dim, core.weight.shape[in_dim] - extra)
@@ -178,42 +178,17 @@ def _shrink_consumer(module: nn.Module, extra: int, path: str) -> None:
         if hasattr(core, attr):
             setattr(core, attr, getattr(core, attr) - extra)
     core.in_blocks = ins
-    _unblock_if_whole(core)
-
-
-def _shrink_bn(bn: nn.Module, k: int, path: str) -> None:
-    blocks = _last_block(getattr(bn, "out_blocks", None), k, path)
-    size = bn.num_features - k
-    with torch.no_grad():
-        _cut_param(bn, "weight", 0, size)
-        _cut_param(bn, "bias", 0, size)
-        if bn.running_mean is not None:
-            bn.running_mean = bn.running_mean[:size].clone()
-            bn.running_var = bn.running_var[:size].clone()
-    bn.num_features = size
-    bn.out_blocks = blocks
-    _unblock_if_whole(bn)
-
-
-def _unblock_if_whole(module: nn.Module) -> None:
-    """A layer left with one block on each side becomes its plain class again."""
-    if not isinstance(module, BlockedLayer | BlockedBatchNorm):
-        return
-    if any(len(getattr(module, side, None) or []) > 1 for side in ("out_blocks", "in_blocks")):
-        return
-    module.__class__ = type(module).plain_class
-    for side in ("out_blocks", "in_blocks"):
-        module.__dict__.pop(side, None)
+    unblock_if_whole(core)
 
 
 def _shrink_through(root: nn.Module, path: str, k: int) -> None:
-    """A BatchNorm gives back k channels; a Blockwise wrapper its last block (and, left with
+    """A channel norm gives back k channels; a Blockwise wrapper its last block (and, left with
     one, its place to the module or function it wraps)."""
     parent_path, _, attr = path.rpartition(".")
     parent = root.get_submodule(parent_path) if parent_path else root
     target = getattr(parent, attr)
-    if isinstance(target, BN_TYPES):
-        _shrink_bn(target, k, path)
+    if isinstance(target, CHANNEL_NORMS):
+        shrink_norm(target, k, path)
         return
     if is_grouped_conv(target):
         _shrink_depthwise(target, k, path)
@@ -223,7 +198,7 @@ def _shrink_through(root: nn.Module, path: str, k: int) -> None:
     if not isinstance(target, Blockwise):
         raise PerforationError(f"{path}: expected the block-wise wrapper a widening left, "
                                f"found a {type(target).__name__}")
-    target.out_blocks = _last_block(target.out_blocks, k, path)
+    target.out_blocks = without_last_block(target.out_blocks, k, path)
     if len(target.out_blocks) > 1:
         return
     if isinstance(target.fn, nn.Module):

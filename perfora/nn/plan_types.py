@@ -22,7 +22,7 @@ POOLING = (nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.AvgPool1d, nn.AvgPool2d,
 # computed element by element the same way whatever the tensor's width (measured: relu's
 # outputs never differ in the last bit, sigmoid's or silu's do): a widening leaves them alone
 WIDTH_EXACT = (nn.ReLU, nn.Hardtanh, nn.Identity)  # Hardtanh includes ReLU6
-JOINT_NORMS = (nn.LayerNorm, nn.GroupNorm, nn.RMSNorm, nn.LocalResponseNorm)
+JOINT_NORMS = (nn.LayerNorm, nn.RMSNorm, nn.LocalResponseNorm)
 ATTENTION_NAMES = {"q_proj", "k_proj", "v_proj", "o_proj", "out_proj", "query", "key",
                     "value", "c_attn", "qkv", "in_proj", "q", "k", "v"}
 RESIDUAL = "its output is added into the residual stream (d_model), which many layers read"

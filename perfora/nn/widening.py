@@ -4,7 +4,7 @@
 Face's ``Conv1D`` or a :class:`DendriticLayer` over one of them, found with its consumers by
 :func:`perfora.nn.consumers.plan_widening`. The new incoming weights are random (the layer's
 own init) or given (``init=``, e.g. :func:`gradmax_init`), their biases zero; every consumer
-gains k zero input columns (k times the spatial size after a ``Flatten``), a BatchNorm on the
+gains k zero input columns (k times the spatial size after a ``Flatten``), a channel norm on the
 way gains k channels with neutral statistics (mean 0, variance 1, weight 1, bias 0), and an
 activation or pooling on the way is applied block by block (:mod:`perfora.nn.blocks`). Since
 the new outgoing columns are zero and every old piece is computed as before, the model's
@@ -30,11 +30,12 @@ import torch
 from torch import nn
 
 from ..errors import PerforationError
-from .blocks import BN_TYPES, CONV_TYPES, Blockwise, is_hf_conv1d, make_blocked, same_layout
+from .blocks import CHANNEL_NORMS, CONV_TYPES, Blockwise, is_hf_conv1d, make_blocked, same_layout
 from .consumers import LayerPlan, plan_widening
 from .generic_widening import grow_generic_inputs, grow_generic_outputs
 from .layers import DendriticLayer, dendritic_layers, unwrap_model
 from .narrowing import change_neuron_count, narrow_widenings
+from .norm_widening import neuron_multiple, widen_norm
 from .plan_types import WIDTH_EXACT, is_grouped_conv
 
 
@@ -107,6 +108,11 @@ def widen(model: nn.Module, layer: str | LayerPlan, k: int,
     if not entry.widenable:
         raise PerforationError(f"widen(): {entry.path!r} cannot be widened: {entry.reason}")
     k = _neuron_count(k)
+    multiple = neuron_multiple(inner, entry)
+    if k % multiple:
+        raise PerforationError(f"widen(): {entry.path!r} gains neurons in multiples of "
+                               f"{multiple} (a GroupNorm it feeds normalises groups of that "
+                               f"many channels), not {k}")
     producers = [entry.path, *entry.partners]
     inits = _split_init(init, producers)
     for path in producers:  # check every shape before changing anything
@@ -232,7 +238,7 @@ def widen_producer(module: nn.Module, k: int, init: torch.Tensor | None = None,
     core.out_blocks, core.in_blocks = [*outs, k], ins
     if isinstance(module, DendriticLayer):
         if module.grouped:
-            _widen_bn(module.base[1], k)
+            widen_norm(module.base[1], k, "its norm")
         _widen_dendritic_producer(module, k, generator)
 
 
@@ -298,7 +304,7 @@ def _widen_depthwise(module: nn.Module, k: int, generator: torch.Generator | Non
     if not isinstance(module, DendriticLayer):
         return
     if module.grouped:
-        _widen_bn(module.base[1], k)
+        widen_norm(module.base[1], k, "its norm")
     n, kd = change_neuron_count(module, k)
     if kd == 0:
         return
@@ -342,31 +348,16 @@ def widen_consumer(module: nn.Module, extra: int) -> None:
     core.out_blocks, core.in_blocks = outs, [*ins, extra]
 
 
-def _widen_bn(bn: nn.Module, k: int) -> None:
-    """k more BatchNorm channels with neutral statistics and affine parameters."""
-    blocks = list(getattr(bn, "out_blocks", None) or [bn.num_features])
-    with torch.no_grad():
-        if bn.weight is not None:
-            _grow_param(bn, "weight", torch.ones(k), 0)
-            _grow_param(bn, "bias", torch.zeros(k), 0)
-        if bn.running_mean is not None:
-            bn.running_mean = torch.cat([bn.running_mean, bn.running_mean.new_zeros(k)])
-            bn.running_var = torch.cat([bn.running_var, bn.running_var.new_ones(k)])
-    bn.num_features += k
-    make_blocked(bn)
-    bn.out_blocks = [*blocks, k]
-
-
 def _widen_through(root: nn.Module, path: str, axis: int, k: int, width: int,
                    generator: torch.Generator | None = None) -> None:
-    """A module or function between producer and consumer: BatchNorm gains channels, a
+    """A module or function between producer and consumer: a channel norm gains channels, a
     depthwise conv gains channels of its own, relu (exact whatever the width) stays, anything
     else is applied block by block."""
     parent_path, _, attr = path.rpartition(".")
     parent = root.get_submodule(parent_path) if parent_path else root
     target = getattr(parent, attr)
-    if isinstance(target, BN_TYPES):
-        _widen_bn(target, k)
+    if isinstance(target, CHANNEL_NORMS):
+        widen_norm(target, k, path)
         return
     if is_grouped_conv(target):
         _widen_depthwise(target, k, generator)

@@ -1,10 +1,10 @@
 """Widen an FSDP2 model one layer pair at a time: no rank ever holds the whole model.
 
-A neuron step changes a producer, the layers that read it, and the BatchNorms between them.
+A neuron step changes a producer, the layers that read it, and the norms between them.
 For each such pair in turn, perfora gathers only those modules whole (their parameters'
 ``full_tensor``) inside a structure-only copy of the model (the rest stays on the ``meta``
 device), widens them exactly as an unsharded model is widened, broadcasts rank 0's
-parameters, and keeps this rank's chunk of each new tensor. Buffers (BatchNorm's running
+parameters, and keeps this rank's chunk of each new tensor. Buffers (a norm's running
 statistics, which FSDP2 leaves to each rank) keep each rank's own values, extended alike.
 The next pair reads what an earlier pair already widened from those chunks. Then the model
 is sharded again from the structure, as after a dendrite step. Peak memory per rank: the

@@ -1,7 +1,7 @@
 """Widen a ZeRO-3 model one layer pair at a time: no rank ever holds the whole model.
 
 For each layer that gains neurons, perfora gathers that layer, the layers that read it and
-the BatchNorms between them whole (``deepspeed.zero.GatheredParameters``), as plain copies
+the norms between them whole (``deepspeed.zero.GatheredParameters``), as plain copies
 inside a structure-only copy of the model, widens them exactly as an unsharded model is
 widened, and partitions the copies' parameters at once (DeepSpeed broadcasts rank 0's values
 first); the copies then take the old modules' places, so the next pair reads what this one

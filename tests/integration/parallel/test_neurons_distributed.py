@@ -127,6 +127,60 @@ def test_conv_layers_grow_gradmax_neurons_alike_on_every_rank(tmp_path):
     assert all(r0["exact"]) and all(r1["exact"])
 
 
+def grow_normed_cnn_on_rank_data(rank: int, tmp: Path, kind: str) -> dict:
+    """A CNN with a GroupNorm and an InstanceNorm between its widened pairs, under DDP or
+    sharded by FSDP2, each rank on its own images: two neuron steps."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from perfora.parallel import shard_fsdp2
+
+    torch.manual_seed(0)
+    model = perfora.perforate(nn.Sequential(
+        nn.Conv2d(1, 4, 3, padding=1), nn.GroupNorm(2, 4), nn.SiLU(), nn.MaxPool2d(2),
+        nn.Conv2d(4, 4, 3, padding=1), nn.InstanceNorm2d(4, affine=True), nn.ReLU(),
+        nn.Flatten(), nn.Linear(4 * 16, 2)))
+    wrapped = DDP(model) if kind == "ddp" else shard_fsdp2(
+        model, mesh=init_device_mesh("cpu", (WORLD,)))
+    ctl = perfora.GrowthController(wrapped, growth="neurons", switch_mode="every_epoch",
+                                   max_neuron_steps=2, write_files=False)
+    x_fixed = torch.randn(4, 1, 8, 8, generator=torch.Generator().manual_seed(9))
+    ctl.set_optimizer(torch.optim.Adam, lr=0.01)
+    opt, _ = ctl.build_optimizer()
+    gen = torch.Generator().manual_seed(rank)
+    reasons, exact = [], []
+    for score in (0.5, 0.6):
+        wrapped.train()
+        for _ in range(3):
+            x, y = _image_task(rank, gen)
+            opt.zero_grad()
+            nn.functional.cross_entropy(wrapped(x), y).backward()
+            opt.step()
+        wrapped.eval()
+        with torch.no_grad():
+            before = wrapped(x_fixed)
+        decision = ctl.step(score)
+        wrapped, opt = decision.model, decision.optimizer
+        with torch.no_grad():
+            exact.append(bool(torch.equal(wrapped(x_fixed), before)))
+        reasons.append(decision.reason)
+    full = ctl.backend.full_state(wrapped)
+    return {"reasons": reasons, "exact": exact,
+            "full": {k: v.tolist() for k, v in full.items()},
+            "groups": perfora.unwrap_model(wrapped)[1].num_groups}
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("kind", ["ddp", "fsdp2"])
+def test_a_cnn_grows_through_group_and_instance_norms_alike_on_every_rank(tmp_path, kind):
+    r0, r1 = run_in_folder(grow_normed_cnn_on_rank_data, tmp_path, WORLD, kind, join_s=120)
+    assert r0["reasons"] == r1["reasons"]
+    assert r0["reasons"][1] == "plateau: added neuron step 2 (0: +4 random, 4: +4 random)"
+    assert all(r0["exact"]) and all(r1["exact"])
+    assert r0["full"] == r1["full"]
+    assert len(r0["full"]["1.weight"]) == 12 and r0["groups"] == 6  # groups of 2 channels
+    assert len(r0["full"]["5.weight"]) == 12
+
+
 @pytest.mark.timeout(150)
 def test_auto_growth_chooses_alike_on_every_rank(tmp_path):
     r0, r1 = run_in_folder(grow_neurons_on_rank_data, tmp_path, WORLD, "auto", join_s=120)

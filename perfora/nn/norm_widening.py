@@ -1,0 +1,106 @@
+"""Channel norms between a widened layer and its readers: BatchNorm, InstanceNorm, GroupNorm.
+
+Each gains the k new channels with neutral affine parameters (weight 1, bias 0) and neutral
+running statistics (mean 0, variance 1) where it keeps them, and normalises them apart from
+the old ones (block by block, see :mod:`perfora.nn.blocks`), so the old channels' outputs
+keep every bit. A GroupNorm gains whole groups of its group size, so a layer it follows
+gains neurons in multiples of that size; a narrowing gives the same channels back.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from ..errors import PerforationError
+from .blocks import BN_TYPES, CHANNEL_NORMS, make_blocked, unblock_if_whole, without_last_block
+
+if TYPE_CHECKING:
+    from .plan_types import LayerPlan
+
+_PER_CHANNEL = ("weight", "bias", "running_mean", "running_var")
+
+
+def norm_channels(norm: nn.Module) -> int:
+    """The channels ``norm`` normalises."""
+    return int(norm.num_channels if isinstance(norm, nn.GroupNorm) else norm.num_features)
+
+
+def group_size(norm: nn.Module) -> int:
+    """Channels per group: a widening through ``norm`` adds multiples of it (1 but for a
+    GroupNorm)."""
+    return norm.num_channels // norm.num_groups if isinstance(norm, nn.GroupNorm) else 1
+
+
+def neuron_multiple(root: nn.Module, entry: LayerPlan) -> int:
+    """The layer of ``entry`` gains neurons in multiples of this: the group sizes of the
+    GroupNorms on the way, or grouped with it in one dendritic layer (1 where there is none)."""
+    norms = []
+    for path, _ in entry.through:  # a module, or a function attribute (an activation)
+        parent, _, attr = path.rpartition(".")
+        norms.append(getattr(root.get_submodule(parent) if parent else root, attr, None))
+    for path in (entry.path, *entry.partners):
+        layer = root.get_submodule(path)
+        if getattr(layer, "grouped", False):  # a conv and its norm wrapped as one layer
+            norms.append(layer.base[1])
+    return math.lcm(1, *(group_size(n) for n in norms if isinstance(n, CHANNEL_NORMS)))
+
+
+def widen_norm(norm: nn.Module, k: int, path: str) -> None:
+    """k more channels, neutral, normalised apart from the old ones."""
+    size = group_size(norm)
+    if k % size:
+        raise PerforationError(
+            f"{path} (GroupNorm) normalises groups of {size} channels: a layer it follows "
+            f"gains neurons in multiples of {size}, not {k}")
+    blocks = list(getattr(norm, "out_blocks", None) or [norm_channels(norm)])
+    neutral = {"weight": 1.0, "bias": 0.0, "running_mean": 0.0, "running_var": 1.0}
+    with torch.no_grad():
+        for name in _PER_CHANNEL:
+            old = getattr(norm, name, None)
+            if old is None:
+                continue
+            data = torch.cat([old.detach(), old.new_full((k,), neutral[name])])
+            setattr(norm, name, nn.Parameter(data, requires_grad=old.requires_grad)
+                    if isinstance(old, nn.Parameter) else data)
+    _resize(norm, norm_channels(norm) + k)
+    make_blocked(norm)
+    norm.out_blocks = [*blocks, k]
+
+
+def shrink_norm(norm: nn.Module, k: int, path: str) -> None:
+    """Give back the k channels of the widening being undone (the newest block)."""
+    blocks = without_last_block(getattr(norm, "out_blocks", None), k, path)
+    size = norm_channels(norm) - k
+    with torch.no_grad():
+        for name in _PER_CHANNEL:
+            old = getattr(norm, name, None)
+            if old is None:
+                continue
+            data = old.detach()[:size].clone()
+            setattr(norm, name, nn.Parameter(data, requires_grad=old.requires_grad)
+                    if isinstance(old, nn.Parameter) else data)
+    _resize(norm, size)
+    norm.out_blocks = blocks
+    unblock_if_whole(norm)
+
+
+def _resize(norm: nn.Module, channels: int) -> None:
+    """Set the norm's channel count (a GroupNorm's group count with it)."""
+    if isinstance(norm, nn.GroupNorm):
+        norm.num_groups = channels // group_size(norm)
+        norm.num_channels = channels
+    else:
+        norm.num_features = channels
+
+
+def describes_channels(norm: nn.Module, width: int) -> str | None:
+    """Why ``norm`` cannot pass on a widening of a layer of ``width`` outputs, or None."""
+    have = norm_channels(norm)
+    if have != width:
+        what = "channels" if not isinstance(norm, BN_TYPES) else "features"
+        return f"normalises {have} {what}, not its {width}"
+    return None
