@@ -49,7 +49,7 @@ from .fx_reshapes import flattens_from_dim1, is_shape_query, unfollowed_call
 from .gates import gate_of
 from .known_blocks import known_blocks
 from .layers import DendriticLayer
-from .norm_widening import describes_channels
+from .norm_widening import norm_reason
 from .plan_types import (
     DROPOUT,
     ELEMENTWISE,
@@ -261,9 +261,9 @@ def _follow(pre: str, name: str, producer: nn.Module,
             elif not isinstance(child, nn.Identity):
                 entry.through.append((cpath, axis))
         elif isinstance(child, CHANNEL_NORMS):
-            why = describes_channels(child, width)
+            why = norm_reason(child, cpath, width)
             if why:
-                return refuse(path, f"{cpath} {why}", by)
+                return refuse(path, why, by)
             entry.through.append((cpath, 1))
         elif isinstance(child, nn.Flatten):
             if child.start_dim != 1 or child.end_dim != -1:
@@ -397,9 +397,9 @@ def _follow_graph(model: nn.Module, start: torch.fx.Node) -> LayerPlan:
                 if why:
                     return refuse(path, why, by)
             elif isinstance(module, CHANNEL_NORMS):
-                why = describes_channels(module, width)
+                why = norm_reason(module, target, width)
                 if why:
-                    return refuse(path, f"{target} {why}", by)
+                    return refuse(path, why, by)
                 entry.through.append((target, 1))
             elif isinstance(module, (*ELEMENTWISE, *DROPOUT, *POOLING)):
                 if flat:

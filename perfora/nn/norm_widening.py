@@ -24,6 +24,26 @@ if TYPE_CHECKING:
 _PER_CHANNEL = ("weight", "bias", "running_mean", "running_var")
 
 
+_OWN_CALLS = ((nn.modules.batchnorm._BatchNorm, ("forward",)),
+              (nn.modules.instancenorm._InstanceNorm, ("forward", "_apply_instance_norm")),
+              (nn.GroupNorm, ("forward",)))
+
+
+def custom_norm_reason(norm: nn.Module, path: str) -> str | None:
+    """Why a widening cannot pass through ``norm``, a subclass of a channel norm that computes
+    its own forward (an activation inside, as in BiT's ``BitGroupNormActivation`` or timm's
+    ``BatchNormAct2d``): the block-wise norm would replace that forward. None for torch's own
+    norms (and their widened forms)."""
+    cls = getattr(type(norm), "plain_class", type(norm))
+    for base, calls in _OWN_CALLS:
+        if isinstance(norm, base):
+            if all(getattr(cls, name) is getattr(base, name) for name in calls):
+                return None
+            return (f"{path} ({cls.__name__}) is a {base.__name__.lstrip('_')} with a forward "
+                    "of its own, which a widening cannot split by channel")
+    return None
+
+
 def norm_channels(norm: nn.Module) -> int:
     """The channels ``norm`` normalises."""
     return int(norm.num_channels if isinstance(norm, nn.GroupNorm) else norm.num_features)
@@ -37,16 +57,23 @@ def group_size(norm: nn.Module) -> int:
 
 def neuron_multiple(root: nn.Module, entry: LayerPlan) -> int:
     """The layer of ``entry`` gains neurons in multiples of this: the group sizes of the
-    GroupNorms on the way, or grouped with it in one dendritic layer (1 where there is none)."""
+    GroupNorms on the way, or grouped with it in one dendritic layer (1 where there is none).
+    Raises PerforationError where such a norm computes a forward of its own."""
     norms = []
     for path, _ in entry.through:  # a module, or a function attribute (an activation)
         parent, _, attr = path.rpartition(".")
-        norms.append(getattr(root.get_submodule(parent) if parent else root, attr, None))
+        norms.append((path, getattr(root.get_submodule(parent) if parent else root, attr,
+                                    None)))
     for path in (entry.path, *entry.partners):
         layer = root.get_submodule(path)
         if getattr(layer, "grouped", False):  # a conv and its norm wrapped as one layer
-            norms.append(layer.base[1])
-    return math.lcm(1, *(group_size(n) for n in norms if isinstance(n, CHANNEL_NORMS)))
+            norms.append((f"{path}.base.1", layer.base[1]))
+    norms = [(path, n) for path, n in norms if isinstance(n, CHANNEL_NORMS)]
+    for path, norm in norms:
+        why = custom_norm_reason(norm, path)
+        if why:
+            raise PerforationError(f"widen(): {entry.path!r} cannot be widened: {why}")
+    return math.lcm(1, *(group_size(n) for _, n in norms))
 
 
 def widen_norm(norm: nn.Module, k: int, path: str) -> None:
@@ -97,10 +124,14 @@ def _resize(norm: nn.Module, channels: int) -> None:
         norm.num_features = channels
 
 
-def describes_channels(norm: nn.Module, width: int) -> str | None:
-    """Why ``norm`` cannot pass on a widening of a layer of ``width`` outputs, or None."""
+def norm_reason(norm: nn.Module, path: str, width: int) -> str | None:
+    """Why ``norm`` at ``path`` cannot pass on a widening of a layer of ``width`` outputs, or
+    None."""
+    why = custom_norm_reason(norm, path)
+    if why:
+        return why
     have = norm_channels(norm)
     if have != width:
         what = "channels" if not isinstance(norm, BN_TYPES) else "features"
-        return f"normalises {have} {what}, not its {width}"
+        return f"{path} normalises {have} {what}, not its {width}"
     return None

@@ -225,3 +225,30 @@ def test_a_resumed_run_through_the_norms_equals_an_uninterrupted_one(tmp_path):
     for key in a:
         assert torch.equal(a[key], b[key]), key
     assert whole.model[1].num_groups == 6 and len(a["4.running_mean"]) == 12
+
+
+class _BatchNormAct(nn.BatchNorm2d):
+    """timm's BatchNormAct2d in miniature: a BatchNorm whose forward also applies an activation."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(super().forward(x))
+
+
+class _GroupNormAct(nn.GroupNorm):
+    """BiT's BitGroupNormActivation in miniature."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.silu(super().forward(x))
+
+
+@pytest.mark.parametrize("norm", [_BatchNormAct(8), _GroupNormAct(2, 8)],
+                         ids=["batchnorm-act", "groupnorm-act"])
+def test_a_norm_with_a_forward_of_its_own_is_refused_not_split(norm):
+    # the block-wise norm would replace the subclass's forward and drop its activation
+    model = _cnn(norm)
+    why = perfora.plan_widening(model).refused["0"]
+    assert f"1 ({type(norm).__name__}) is a" in why and "forward of its own" in why
+    pairs = {"0": ["1", "2", "3", ("5", 16)]}
+    assert "forward of its own" in perfora.plan_widening(model, pairs=pairs).refused["0"]
+    with pytest.raises(PerforationError, match="forward of its own"):
+        perfora.widen(model, "0", 4)
