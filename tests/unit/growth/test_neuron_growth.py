@@ -35,14 +35,31 @@ def _controller(model: nn.Module, **settings) -> perfora.GrowthController:
     return ctl
 
 
-def _epoch(model: nn.Module, opt: torch.optim.Optimizer, steps: int = 4) -> None:
+def _epoch(model: nn.Module, opt: torch.optim.Optimizer, steps: int = 4, x: torch.Tensor = X,
+           y: torch.Tensor = Y) -> None:
     model.train()
     for i in range(steps):
         opt.zero_grad()
         rows = slice(16 * i, 16 * i + 16)
-        nn.functional.cross_entropy(model(X[rows]), Y[rows]).backward()
+        nn.functional.cross_entropy(model(x[rows]), y[rows]).backward()
         opt.step()
     model.eval()
+
+
+IMAGES = torch.randn(64, 3, 8, 8, generator=torch.Generator().manual_seed(1))
+
+
+def _normed_cnn(seed: int = 0) -> nn.Module:
+    """Widened pairs through a GroupNorm (groups of 2) and an InstanceNorm with statistics."""
+    torch.manual_seed(seed)
+    return perfora.perforate(nn.Sequential(
+        nn.Conv2d(3, 4, 3, padding=1), nn.GroupNorm(2, 4), nn.SiLU(), nn.Conv2d(4, 4, 3),
+        nn.InstanceNorm2d(4, affine=True, track_running_stats=True), nn.ReLU(),
+        nn.Flatten(), nn.Linear(4 * 36, 3)))
+
+
+MODELS = {"mlp": (_model, _epoch),
+          "normed-cnn": (_normed_cnn, lambda model, opt: _epoch(model, opt, x=IMAGES))}
 
 
 def test_each_step_widens_every_layer_that_can_grow_and_keeps_the_output():
@@ -158,20 +175,21 @@ AUTO_SCORES = (0.5, 0.51, 0.52, 0.53, 0.52, 0.51, 0.6, 0.61)
 
 
 def _train_run(tmp_path: Path, stop_after: int | None = None, resume_from: Path | None = None,
-               growth: str = "neurons") -> perfora.GrowthController:
+               growth: str = "neurons", kind: str = "mlp") -> perfora.GrowthController:
     settings = dict(growth=growth, switch_mode="fixed", fixed_switch_num=2,
                     max_neuron_steps=2, seed=3, checkpoint_time_budget=None)
+    build, epoch = MODELS[kind]
     if resume_from is None:
-        ctl = perfora.GrowthController(_model(), run_dir=tmp_path, **settings)
+        ctl = perfora.GrowthController(build(), run_dir=tmp_path, **settings)
         ctl.set_optimizer(torch.optim.Adam, lr=0.01)
         ctl.build_optimizer()
     else:
-        ctl = perfora.resume(_model(), resume_from, optimizer=torch.optim.Adam,
+        ctl = perfora.resume(build(), resume_from, optimizer=torch.optim.Adam,
                              optimizer_args={"lr": 0.01})
     model, opt = ctl.model, ctl.optimizer
     torch.manual_seed(ctl.epoch)
     while not ctl.completed and ctl.epoch < (8 if growth == "auto" else 6):
-        _epoch(model, opt)
+        epoch(model, opt)
         decision = ctl.step(AUTO_SCORES[ctl.epoch] if growth == "auto"
                             else 0.5 + 0.01 * ctl.epoch)
         model, opt = decision.model, decision.optimizer
@@ -191,16 +209,17 @@ def test_a_resumed_run_equals_an_uninterrupted_one(tmp_path):
         assert torch.equal(a[key], b[key]), key
 
 
-def test_a_resumed_auto_run_equals_an_uninterrupted_one(tmp_path):
-    whole = _train_run(tmp_path / "whole", growth="auto")
+@pytest.mark.parametrize("kind", sorted(MODELS))
+def test_a_resumed_auto_run_equals_an_uninterrupted_one(tmp_path, kind):
+    whole = _train_run(tmp_path / "whole", growth="auto", kind=kind)
     reasons = [row["reason"] for row in whole.state.history if row["reason"]]
     assert reasons[2].startswith("dendrite set 2 did not beat the best score: undone; added "
                                  "neuron step 1 instead")
     assert reasons[3].startswith("plateau: added neuron step 2")
     # cut after the undo: the resumed run must know that neurons are the kind that pays now
-    _train_run(tmp_path / "cut", stop_after=7, growth="auto")
+    _train_run(tmp_path / "cut", stop_after=7, growth="auto", kind=kind)
     resumed = _train_run(tmp_path / "cut", resume_from=tmp_path / "cut" / "latest.safetensors",
-                         growth="auto")
+                         growth="auto", kind=kind)
     assert (resumed.state.num_dendrites, resumed.state.num_widenings) == \
         (whole.state.num_dendrites, whole.state.num_widenings) == (1, 2)
     a, b = whole.model.state_dict(), resumed.model.state_dict()
@@ -216,6 +235,9 @@ def test_a_resumed_auto_run_equals_an_uninterrupted_one(tmp_path):
                          resumed.state.growth_kinds) == marks
     assert [s.kind for s in marks.steps] == ["dendrites", "dendrites", "neurons", "neurons"]
     assert [s.undone for s in marks.steps] == [False, True, False, False]
+    if kind == "normed-cnn":  # the norms grew with their layers: 4 -> 12 channels
+        assert reasons[3].endswith("(0: +4 random, 3: +4 random)")
+        assert whole.model[1].num_groups == 6 and len(a["4.running_mean"]) == 12
 
 
 def test_neuron_growth_is_refused_where_it_cannot_run():
