@@ -10,7 +10,8 @@ computes each (output block, input block) piece on a contiguous copy of that pie
 the call the narrow layer made, and adds the pieces (a zero piece adds an exact zero).
 
 * :class:`BlockedLayer` (mixed into ``nn.Linear``, ``nn.Conv1d/2d/3d`` and Hugging Face's
-  ``Conv1D`` by swapping the instance's class) holds ``out_blocks``/``in_blocks``;
+  ``Conv1D`` by swapping the instance's class) holds ``out_blocks``/``in_blocks``
+  (:class:`BlockedTransposedConv`, for a ``ConvTranspose`` reader, ``in_blocks`` only);
 * :class:`BlockedBatchNorm`, :class:`BlockedInstanceNorm` and :class:`BlockedGroupNorm`
   normalise each channel block apart (statistics are per channel, or per group of channels,
   and a block holds whole groups, so the old channels' statistics and outputs are unchanged);
@@ -36,6 +37,9 @@ IN_TYPES = (nn.InstanceNorm1d, nn.InstanceNorm2d, nn.InstanceNorm3d)
 CHANNEL_NORMS = (*BN_TYPES, *IN_TYPES, nn.GroupNorm)
 """Norms a widening passes through: each gains channels (GroupNorm: whole groups)."""
 CONV_TYPES = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
+TRANSPOSED_CONVS = (nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
+"""Transposed convs read a widened layer (they gain input channels: their weight is
+[in, out, *kernel]); they do not gain neurons themselves."""
 
 
 def is_hf_conv1d(module: nn.Module) -> bool:
@@ -194,7 +198,33 @@ class BlockedLayer:
                              w_out=0, w_in=1, op=self._conv_forward)  # type: ignore[attr-defined]
 
 
+class BlockedTransposedConv(BlockedLayer):
+    """Mixin for a ConvTranspose that gained input channels: one call per input block, summed
+    (a zero block adds an exact zero), each the call the narrow layer made."""
+
+    def blocks(self) -> tuple[list[int], list[int]]:
+        w = self.weight  # type: ignore[attr-defined]
+        return (list(self.out_blocks or [w.shape[1]]), list(self.in_blocks or [w.shape[0]]))
+
+    def forward(self, x: torch.Tensor, output_size: list[int] | None = None) -> torch.Tensor:
+        conv: Any = self
+        if not self.blocked():
+            return super().forward(x, output_size)  # type: ignore[call-arg]
+        dims = conv.weight.dim() - 2
+        extra = conv._output_padding(x, output_size, conv.stride, conv.padding,
+                                     conv.kernel_size, dims, conv.dilation)
+        call = _TRANSPOSED_CALLS[dims]
+
+        def op(xi: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+            return call(xi, w, b, conv.stride, conv.padding, extra, conv.groups, conv.dilation)
+        axis = 0 if x.dim() == dims + 1 else 1  # an unbatched input
+        outs, ins = self.blocks()
+        return blocked_apply(x, conv.weight, conv.bias, outs, ins, x_axis=axis, out_axis=axis,
+                             w_out=1, w_in=0, op=op)
+
+
 _CONV_CALLS = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
+_TRANSPOSED_CALLS = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
 
 
 def depthwise_blocks(conv: nn.Module, x: torch.Tensor, weight: torch.Tensor,
@@ -345,7 +375,8 @@ def blocked_class(cls: type) -> type:
     if cls not in _CLASSES:
         mixin = next((m for types, m in ((BN_TYPES, BlockedBatchNorm),
                                          (IN_TYPES, BlockedInstanceNorm),
-                                         ((nn.GroupNorm,), BlockedGroupNorm))
+                                         ((nn.GroupNorm,), BlockedGroupNorm),
+                                         (TRANSPOSED_CONVS, BlockedTransposedConv))
                       if issubclass(cls, types)), BlockedLayer)
         made = type(f"Blocked{cls.__name__}", (mixin, cls), {"__module__": __name__,
                                                              "plain_class": cls})
@@ -355,13 +386,14 @@ def blocked_class(cls: type) -> type:
     return _CLASSES[cls]
 
 
-for _cls in (nn.Linear, *CONV_TYPES, *CHANNEL_NORMS):
+for _cls in (nn.Linear, *CONV_TYPES, *TRANSPOSED_CONVS, *CHANNEL_NORMS):
     blocked_class(_cls)
 
 
 def make_blocked(module: nn.Module) -> None:
     """Swap ``module``'s class for its blocked subclass (same parameters, same state keys)."""
-    if isinstance(module, (nn.Linear, *CONV_TYPES, *CHANNEL_NORMS)) or is_hf_conv1d(module):
+    if isinstance(module, (nn.Linear, *CONV_TYPES, *TRANSPOSED_CONVS, *CHANNEL_NORMS)) \
+            or is_hf_conv1d(module):
         module.__class__ = blocked_class(type(module))
         return
     raise PerforationError(f"cannot compute a {type(module).__name__} block by block")

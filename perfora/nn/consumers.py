@@ -60,6 +60,7 @@ from .plan_types import (
     WideningPlan,
     axis_of,
     grouped_reason,
+    is_consumer,
     is_grouped_conv,
     is_producer,
     parametrized,
@@ -270,7 +271,7 @@ def _follow(pre: str, name: str, producer: nn.Module,
                 return refuse(path, f"{cpath} flattens dims {child.start_dim}..{child.end_dim}"
                                      "; only Flatten(1, -1) is followed", by)
             flat = True
-        elif is_producer(child):
+        elif is_consumer(child):
             have = width_of(child, "in")
             if have % width or (not flat and have != width):
                 return refuse(path, f"{cpath} reads {have} inputs, not a multiple of its "
@@ -385,7 +386,7 @@ def _follow_graph(model: nn.Module, start: torch.fx.Node) -> LayerPlan:
             target = str(node.target)
             if axis == -1 and isinstance(module, (*POOLING, nn.Flatten)):
                 return refuse(path, _LAST_AXIS.format(target, type(module).__name__), by)
-            if is_producer(module):
+            if is_consumer(module):
                 have = width_of(module, "in")
                 if have % width or (not flat and have != width):
                     return refuse(path, f"{target} reads {have} inputs, not a multiple of "

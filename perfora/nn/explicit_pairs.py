@@ -24,6 +24,7 @@ from .plan_types import (
     LayerPlan,
     axis_of,
     grouped_reason,
+    is_consumer,
     is_grouped_conv,
     is_producer,
     refuse,
@@ -104,7 +105,7 @@ def explicit_entry(model: nn.Module, path: str, readers: Any) -> LayerPlan:
             if why:
                 return refuse(path, f"pairs: {why}", "pairs")
             entry.through.append((target, axis))
-        elif is_producer(module):
+        elif is_consumer(module):
             have = width_of(module, "in")
             if have != width * repeat:
                 return refuse(path, f"pairs: {target!r} reads {have} inputs, not "

@@ -19,6 +19,7 @@ from torch import nn
 from ..errors import PerforationError
 from .blocks import (
     CHANNEL_NORMS,
+    TRANSPOSED_CONVS,
     Blockwise,
     is_hf_conv1d,
     same_layout,
@@ -162,7 +163,7 @@ def _shrink_depthwise(module: nn.Module, k: int, path: str) -> None:
 def _shrink_consumer(module: nn.Module, extra: int, path: str) -> None:
     core = _core(module)
     ins = without_last_block(getattr(core, "in_blocks", None), extra, path)
-    in_dim = 0 if is_hf_conv1d(core) else 1
+    in_dim = 0 if is_hf_conv1d(core) or isinstance(core, TRANSPOSED_CONVS) else 1
     with torch.no_grad():
         _cut_param(core, "weight", in_dim, core.weight.shape[in_dim] - extra)
         if isinstance(module, DendriticLayer):

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from torch import nn
 from torch.nn.utils import parametrize
 
-from .blocks import CONV_TYPES, Blockwise, is_hf_conv1d
+from .blocks import CONV_TYPES, TRANSPOSED_CONVS, Blockwise, is_hf_conv1d
 from .layers import DendriticLayer
 
 ELEMENTWISE = (nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.ELU, nn.SELU, nn.CELU, nn.GELU, nn.Tanh,
@@ -84,6 +84,12 @@ def is_producer(module: nn.Module) -> bool:
     return isinstance(module, nn.Linear) or is_hf_conv1d(module)
 
 
+def is_consumer(module: nn.Module) -> bool:
+    """A layer that can gain input columns for a widened layer's new neurons: a producer, or
+    a ConvTranspose (groups=1), which reads them but does not gain neurons itself."""
+    return is_producer(module) or (isinstance(module, TRANSPOSED_CONVS) and module.groups == 1)
+
+
 def is_grouped_conv(module: nn.Module) -> bool:
     """A Conv with groups > 1, plain or wrapped as a dendritic layer."""
     core = module.source if isinstance(module, DendriticLayer) else module
@@ -121,11 +127,14 @@ def parametrized(module: nn.Module) -> bool:
 
 
 def width_of(module: nn.Module, side: str) -> int:
-    """A layer's output ('out') or input ('in') width (HF Conv1D's weight is [in, out])."""
+    """A layer's output ('out') or input ('in') width (HF Conv1D's weight is [in, out], a
+    ConvTranspose's [in, out, *kernel])."""
     core = module.source if isinstance(module, DendriticLayer) else module
     w = core.weight
     if is_hf_conv1d(core):
         return int(w.shape[1] if side == "out" else w.shape[0])
+    if isinstance(core, TRANSPOSED_CONVS):  # [in, out / groups, *kernel]
+        return int(w.shape[1] * core.groups if side == "out" else w.shape[0])
     return int(w.shape[0] if side == "out" else w.shape[1])
 
 

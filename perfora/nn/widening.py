@@ -30,7 +30,15 @@ import torch
 from torch import nn
 
 from ..errors import PerforationError
-from .blocks import CHANNEL_NORMS, CONV_TYPES, Blockwise, is_hf_conv1d, make_blocked, same_layout
+from .blocks import (
+    CHANNEL_NORMS,
+    CONV_TYPES,
+    TRANSPOSED_CONVS,
+    Blockwise,
+    is_hf_conv1d,
+    make_blocked,
+    same_layout,
+)
 from .consumers import LayerPlan, plan_widening
 from .generic_widening import grow_generic_inputs, grow_generic_outputs
 from .layers import DendriticLayer, dendritic_layers, unwrap_model
@@ -246,7 +254,7 @@ def _blocks_of(core: nn.Module) -> tuple[list[int], list[int]]:
     if hasattr(core, "blocks") and callable(core.blocks):
         return core.blocks()
     w = core.weight
-    o, i = (1, 0) if is_hf_conv1d(core) else (0, 1)
+    o, i = (1, 0) if is_hf_conv1d(core) or isinstance(core, TRANSPOSED_CONVS) else (0, 1)
     return [w.shape[o]], [w.shape[i]]
 
 
@@ -320,11 +328,11 @@ def _widen_depthwise(module: nn.Module, k: int, generator: torch.Generator | Non
 
 
 def widen_consumer(module: nn.Module, extra: int) -> None:
-    """``extra`` zero input columns, appended, on a Linear/Conv/Conv1D or a DendriticLayer
-    over one (in its base and in its dendrite bank)."""
+    """``extra`` zero input columns, appended, on a Linear/Conv/Conv1D/ConvTranspose or a
+    DendriticLayer over one (in its base and in its dendrite bank)."""
     core = _core(module)
     outs, ins = _blocks_of(core)
-    in_dim = 0 if is_hf_conv1d(core) else 1
+    in_dim = 0 if is_hf_conv1d(core) or isinstance(core, TRANSPOSED_CONVS) else 1
     w = core.weight
     shape = list(w.shape)
     shape[in_dim] = extra
