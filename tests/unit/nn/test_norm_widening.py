@@ -14,7 +14,7 @@ from torch import nn
 
 import perfora
 from perfora.errors import PerforationError
-from perfora.nn.perforation import layer_specs, rebuild_structure
+from tests.support.widening import one_neuron_step, widened_and_rewound
 
 NORMS = {
     "groupnorm": lambda: nn.GroupNorm(4, 8),
@@ -78,14 +78,13 @@ def test_a_groupnorm_takes_neurons_only_in_whole_groups():
 @pytest.mark.parametrize("norm", sorted(NORMS))
 def test_a_rewind_gives_the_norm_its_channels_back(norm):
     model = perfora.perforate(_cnn(NORMS[norm]())).eval()
-    x = torch.randn(2, 3, 8, 8)
-    specs, state, out = copy.deepcopy(layer_specs(model)), copy.deepcopy(
-        model.state_dict()), model(x)
-    perfora.widen(model, "0", 4)
-    perfora.widen(model, "0", 8)
-    rebuild_structure(model, specs)
-    model.load_state_dict(state)
-    assert torch.equal(model(x), out)
+
+    def widen_twice(m: nn.Module) -> None:
+        perfora.widen(m, "0", 4)
+        perfora.widen(m, "0", 8)
+
+    before, after = widened_and_rewound(model, torch.randn(2, 3, 8, 8), widen_twice)
+    assert torch.equal(after, before)
     assert type(model[1]) is type(NORMS[norm]())  # the plain class again
     assert model[1].weight is None or model[1].weight.shape == (8,)
 
@@ -133,15 +132,8 @@ def test_the_controller_rounds_a_neuron_step_up_to_whole_groups():
     model = perfora.perforate(nn.Sequential(
         nn.Conv2d(3, 6, 3, padding=1), nn.GroupNorm(2, 6), nn.ReLU(), nn.Conv2d(6, 6, 3),
         nn.GroupNorm(3, 6), nn.ReLU(), nn.Flatten(), nn.Linear(6 * 36, 3)))
-    ctl = perfora.GrowthController(model, growth="neurons", switch_mode="every_epoch",
-                                   max_neuron_steps=1, neurons_per_step=0.5,
-                                   neuron_init="random", write_files=False)
-    ctl.set_optimizer(torch.optim.Adam, lr=1e-3)
-    ctl.build_optimizer()
     x = torch.randn(4, 3, 8, 8)
-    with torch.no_grad():
-        before = model.eval()(x)
-    decision = ctl.step(0.5)
+    decision, before = one_neuron_step(model, x, neurons_per_step=0.5)
     assert decision.restructured, decision.reason
     grown = decision.model
     with torch.no_grad():

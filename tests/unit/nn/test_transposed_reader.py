@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 import perfora
-from perfora.nn.perforation import layer_specs, rebuild_structure
+from tests.support.widening import one_neuron_step, widened_and_rewound
 
 TRANSPOSED = {1: nn.ConvTranspose1d, 2: nn.ConvTranspose2d, 3: nn.ConvTranspose3d}
 CONVS = {1: nn.Conv1d, 2: nn.Conv2d, 3: nn.Conv3d}
@@ -72,27 +72,19 @@ def test_a_grouped_transposed_conv_is_refused_with_the_reason():
 
 def test_a_rewind_gives_the_transposed_conv_its_channels_back():
     model = perfora.perforate(_decoder(2)).eval()
-    x = torch.randn(2, 3, 6, 6)
-    specs, state, out = copy.deepcopy(layer_specs(model)), copy.deepcopy(
-        model.state_dict()), model(x)
-    perfora.widen(model, "0", 4)
-    perfora.widen(model, "0", 2)
-    rebuild_structure(model, specs)
-    model.load_state_dict(state)
-    assert torch.equal(model(x), out)
+
+    def widen_twice(m: nn.Module) -> None:
+        perfora.widen(m, "0", 4)
+        perfora.widen(m, "0", 2)
+
+    before, after = widened_and_rewound(model, torch.randn(2, 3, 6, 6), widen_twice)
+    assert torch.equal(after, before)
     assert type(model[3]) is nn.ConvTranspose2d and model[3].in_channels == 8
 
 
 def test_an_autoencoder_grows_neurons_through_its_decoder_and_reloads(tmp_path):
-    model = _autoencoder()
-    ctl = perfora.GrowthController(model, growth="neurons", switch_mode="every_epoch",
-                                   max_neuron_steps=1, write_files=False)
-    ctl.set_optimizer(torch.optim.Adam, lr=1e-3)
-    ctl.build_optimizer()
     x = torch.randn(4, 1, 8, 8)
-    with torch.no_grad():
-        before = model.eval()(x)
-    decision = ctl.step(0.5)
+    decision, before = one_neuron_step(_autoencoder(), x)
     assert decision.reason == "plateau: added neuron step 1 (0: +4 random, 2: +6 random)"
     grown = decision.model
     assert grown[4].in_channels == 12  # the upsampling read the encoder's 6 + 6 channels

@@ -1,0 +1,39 @@
+"""Helpers for tests of what a widening passes through: one neuron step of the controller,
+and a widening undone by a rewind to a snapshot (the rewind to a narrower best model)."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+import perfora
+from perfora.nn.perforation import layer_specs, rebuild_structure
+
+
+def widened_and_rewound(model: nn.Module, x: torch.Tensor,
+                        widen: Callable[[nn.Module], None]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``model``'s output on ``x`` before ``widen(model)``, and after it and a rewind to the
+    snapshot taken before (structure rebuilt, weights loaded)."""
+    specs, state = copy.deepcopy(layer_specs(model)), copy.deepcopy(model.state_dict())
+    before = model(x)
+    widen(model)
+    rebuild_structure(model, specs)
+    model.load_state_dict(state)
+    return before, model(x)
+
+
+def one_neuron_step(model: nn.Module, x: torch.Tensor, **settings
+                    ) -> tuple[perfora.Decision, torch.Tensor]:
+    """The decision of a controller's first neuron step on ``model`` (random rows unless
+    ``settings`` say otherwise), and the model's output on ``x`` in eval mode before it."""
+    ctl = perfora.GrowthController(model, **{
+        "growth": "neurons", "switch_mode": "every_epoch", "max_neuron_steps": 1,
+        "neuron_init": "random", "write_files": False, **settings})
+    ctl.set_optimizer(torch.optim.Adam, lr=1e-3)
+    ctl.build_optimizer()
+    with torch.no_grad():
+        before = model.eval()(x)
+    return ctl.step(0.5), before
