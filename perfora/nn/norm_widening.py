@@ -62,8 +62,11 @@ def neuron_multiple(root: nn.Module, entry: LayerPlan) -> int:
     norms = []
     for path, _ in entry.through:  # a module, or a function attribute (an activation)
         parent, _, attr = path.rpartition(".")
-        norms.append((path, getattr(root.get_submodule(parent) if parent else root, attr,
-                                    None)))
+        try:
+            owner = root.get_submodule(parent) if parent else root
+        except AttributeError:  # not a module path: nothing to normalise there
+            continue
+        norms.append((path, getattr(owner, attr, None)))
     for path in (entry.path, *entry.partners):
         layer = root.get_submodule(path)
         if getattr(layer, "grouped", False):  # a conv and its norm wrapped as one layer
