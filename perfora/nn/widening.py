@@ -99,7 +99,8 @@ def widen(model: nn.Module, layer: str | LayerPlan, k: int,
     ``init``: the new incoming weights, [k, *weight.shape[1:]] (or [k, in] flattened; for
     Llama's gate and up projections, a mapping from path to tensor); random when omitted.
     Raises :class:`PerforationError` (before anything changes) when the layer cannot be
-    widened, saying why. Returns the plan entry that was applied."""
+    widened, saying why (also for a ``k`` that is not a multiple of the group size of a
+    GroupNorm on the way). Returns the plan entry that was applied."""
     inner = unwrap_model(model)
     if isinstance(layer, int) and not isinstance(layer, bool):
         layer = str(layer)  # an index into an nn.Sequential is its path
