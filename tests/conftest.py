@@ -48,3 +48,15 @@ def script_server() -> Iterator[ScriptServer]:
     """Runs scripts as ``python script.py`` or torchrun would, without their import cost."""
     with ScriptServer(SERVER_PRELOAD) as server:
         yield server
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The long tests first (marked slow, then the integration tests, then the unit tests;
+    each kind in collection order): pytest-xdist hands tests out in this order, so the long
+    ones start while both workers are free instead of ending the run on one of them."""
+    def rank(item: pytest.Item) -> int:
+        if item.get_closest_marker("slow") is not None:
+            return 0
+        return 1 if "integration" in Path(str(item.fspath)).parts else 2
+
+    items.sort(key=rank)
