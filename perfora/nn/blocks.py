@@ -369,7 +369,8 @@ _CLASSES: dict[type, type] = {}
 
 
 def blocked_class(cls: type) -> type:
-    """The blocked subclass of a Linear/Conv/HF Conv1D/BatchNorm class (made once, cached)."""
+    """The blocked subclass of a Linear/Conv/ConvTranspose/HF Conv1D or channel norm class
+    (made once, cached)."""
     if issubclass(cls, (BlockedLayer, BlockedNorm)):
         return cls
     if cls not in _CLASSES:

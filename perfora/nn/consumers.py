@@ -262,7 +262,7 @@ def _follow(pre: str, name: str, producer: nn.Module,
             elif not isinstance(child, nn.Identity):
                 entry.through.append((cpath, axis))
         elif isinstance(child, CHANNEL_NORMS):
-            why = norm_reason(child, cpath, width)
+            why = norm_reason(child, cpath, width, "the layer")
             if why:
                 return refuse(path, why, by)
             entry.through.append((cpath, 1))
@@ -398,7 +398,7 @@ def _follow_graph(model: nn.Module, start: torch.fx.Node) -> LayerPlan:
                 if why:
                     return refuse(path, why, by)
             elif isinstance(module, CHANNEL_NORMS):
-                why = norm_reason(module, target, width)
+                why = norm_reason(module, target, width, "the layer")
                 if why:
                     return refuse(path, why, by)
                 entry.through.append((target, 1))

@@ -18,7 +18,7 @@ from torch import nn
 
 from ..errors import PerforationError
 from .blocks import CHANNEL_NORMS
-from .norm_widening import custom_norm_reason, norm_channels
+from .norm_widening import norm_reason
 from .plan_types import (
     JOINT_NORMS,
     LayerPlan,
@@ -93,12 +93,9 @@ def explicit_entry(model: nn.Module, path: str, readers: Any) -> LayerPlan:
             raise PerforationError(f"pairs[{path!r}]: {target!r} is not a submodule of this "
                                    f"model{_nearest_path(model, target)}") from exc
         if isinstance(module, CHANNEL_NORMS):
-            why = custom_norm_reason(module, repr(target))
+            why = norm_reason(module, repr(target), width, repr(path))
             if why:
                 return refuse(path, f"pairs: {why}", "pairs")
-            if norm_channels(module) != width:
-                return refuse(path, f"pairs: {target!r} normalises {norm_channels(module)} "
-                                     f"channels, not the {width} {path!r} gives", "pairs")
             entry.through.append((target, 1))
         elif is_grouped_conv(module):  # a depthwise conv passes the widening on
             why = grouped_reason(target, module, width, axis, repeat != 1)

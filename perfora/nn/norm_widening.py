@@ -10,20 +10,19 @@ gains neurons in multiples of that size; a narrowing gives the same channels bac
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from ..errors import PerforationError
-from .blocks import BN_TYPES, CHANNEL_NORMS, make_blocked, unblock_if_whole, without_last_block
+from .blocks import CHANNEL_NORMS, make_blocked, unblock_if_whole, without_last_block
 
 if TYPE_CHECKING:
     from .plan_types import LayerPlan
 
 _PER_CHANNEL = ("weight", "bias", "running_mean", "running_var")
-
-
 _OWN_CALLS = ((nn.modules.batchnorm._BatchNorm, ("forward",)),
               (nn.modules.instancenorm._InstanceNorm, ("forward", "_apply_instance_norm")),
               (nn.GroupNorm, ("forward",)))
@@ -88,14 +87,8 @@ def widen_norm(norm: nn.Module, k: int, path: str) -> None:
             f"gains neurons in multiples of {size}, not {k}")
     blocks = list(getattr(norm, "out_blocks", None) or [norm_channels(norm)])
     neutral = {"weight": 1.0, "bias": 0.0, "running_mean": 0.0, "running_var": 1.0}
-    with torch.no_grad():
-        for name in _PER_CHANNEL:
-            old = getattr(norm, name, None)
-            if old is None:
-                continue
-            data = torch.cat([old.detach(), old.new_full((k,), neutral[name])])
-            setattr(norm, name, nn.Parameter(data, requires_grad=old.requires_grad)
-                    if isinstance(old, nn.Parameter) else data)
+    _each_per_channel(norm, lambda name, old: torch.cat([old, old.new_full((k,),
+                                                                        neutral[name])]))
     _resize(norm, norm_channels(norm) + k)
     make_blocked(norm)
     norm.out_blocks = [*blocks, k]
@@ -105,17 +98,24 @@ def shrink_norm(norm: nn.Module, k: int, path: str) -> None:
     """Give back the k channels of the widening being undone (the newest block)."""
     blocks = without_last_block(getattr(norm, "out_blocks", None), k, path)
     size = norm_channels(norm) - k
+    _each_per_channel(norm, lambda name, old: old[:size].clone())
+    _resize(norm, size)
+    norm.out_blocks = blocks
+    unblock_if_whole(norm)
+
+
+def _each_per_channel(norm: nn.Module, change: Callable[[str, torch.Tensor], torch.Tensor]
+                      ) -> None:
+    """Replace each per-channel parameter and buffer the norm has with ``change(name, old)``
+    (a parameter stays a parameter, with its ``requires_grad``)."""
     with torch.no_grad():
         for name in _PER_CHANNEL:
             old = getattr(norm, name, None)
             if old is None:
                 continue
-            data = old.detach()[:size].clone()
+            data = change(name, old.detach())
             setattr(norm, name, nn.Parameter(data, requires_grad=old.requires_grad)
                     if isinstance(old, nn.Parameter) else data)
-    _resize(norm, size)
-    norm.out_blocks = blocks
-    unblock_if_whole(norm)
 
 
 def _resize(norm: nn.Module, channels: int) -> None:
@@ -127,14 +127,10 @@ def _resize(norm: nn.Module, channels: int) -> None:
         norm.num_features = channels
 
 
-def norm_reason(norm: nn.Module, path: str, width: int) -> str | None:
-    """Why ``norm`` at ``path`` cannot pass on a widening of a layer of ``width`` outputs, or
-    None."""
-    why = custom_norm_reason(norm, path)
-    if why:
-        return why
+def norm_reason(norm: nn.Module, path: str, width: int, producer: str) -> str | None:
+    """Why ``norm`` at ``path`` cannot pass on a widening of ``producer``, a layer of
+    ``width`` outputs, or None."""
     have = norm_channels(norm)
     if have != width:
-        what = "channels" if not isinstance(norm, BN_TYPES) else "features"
-        return f"{path} normalises {have} {what}, not its {width}"
-    return None
+        return f"{path} normalises {have} channels, not the {width} {producer} gives"
+    return custom_norm_reason(norm, path)
