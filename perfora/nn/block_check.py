@@ -29,10 +29,12 @@ class _ChildrenAsLeaves(torch.fx.Tracer):
         return True
 
 
-def checked_block(block: nn.Module, pre: str, entry: LayerPlan) -> LayerPlan:
+def checked_block(block: nn.Module, pre: str, entry: LayerPlan,
+                  upstream: tuple[str, ...] = ()) -> LayerPlan:
     """``entry`` (a known block's pair, paths prefixed by ``pre``), or its refusal when the
-    block does not compute what its names suggest."""
-    why = _mismatch(block, pre, entry)
+    block does not compute what its names suggest. ``upstream`` names children with state that
+    the pattern has before the pair (ConvNeXt's depthwise conv and norm)."""
+    why = _mismatch(block, pre, entry, set(upstream))
     if why is None:
         return entry
     return refuse(entry.path, f"{why}, which the {entry.found_by} pattern does not have; pass "
@@ -43,7 +45,7 @@ def _local(pre: str, path: str) -> str:
     return path[len(pre):]
 
 
-def _mismatch(block: nn.Module, pre: str, entry: LayerPlan) -> str | None:
+def _mismatch(block: nn.Module, pre: str, entry: LayerPlan, upstream: set[str]) -> str | None:
     producers = [_local(pre, p) for p in [entry.path, *entry.partners]]
     consumer = _local(pre, entry.consumers[0][0])
     through = {_local(pre, p) for p, _ in entry.through}
@@ -52,7 +54,7 @@ def _mismatch(block: nn.Module, pre: str, entry: LayerPlan) -> str | None:
         gives = width_of(block.get_submodule(name), "out")
         if gives != reads:
             return f"{pre}{name} gives {gives} outputs and {pre}{consumer} reads {reads}"
-    roles = {*producers, consumer, *through}
+    roles = {*producers, consumer, *through, *upstream}
     for name, child in block.named_children():
         if name not in roles and (any(True for _ in child.parameters())
                                   or any(True for _ in child.buffers())):

@@ -1,5 +1,6 @@
-"""The feed-forward pairs of known Transformer blocks (torch's, BERT, GPT-2, Llama, T5, ViT and
-CLIP MLPs, GPT-NeoX/Falcon/BLOOM/GPT-J MLPs, OPT and BART-family layers): which hidden layer
+"""The feed-forward pairs of known Transformer blocks (torch's, BERT, DistilBERT, GPT-2, Llama,
+T5, ViT and CLIP MLPs, GPT-NeoX/Falcon/BLOOM/GPT-J MLPs, OPT and BART-family layers, wav2vec
+2.0-family feed-forwards, SegFormer's Mix-FFN) and of ConvNeXt blocks: which hidden layer
 gains neurons and what reads it, and refusals for the rest of those blocks (the residual
 width, attention projections). Only the hidden width grows. Also the inverted residual blocks
 of transformers' MobileNetV2, MobileViT and EfficientNet
@@ -20,7 +21,7 @@ def known_blocks(model: nn.Module) -> list[LayerPlan]:
     """The Transformer feed-forward pairs, and refusals for the rest of those blocks."""
     out: list[LayerPlan] = _hf_heads(model)
     for path, m in model.named_modules():
-        pre = f"{path}." if path else ""
+        pre, kind = (f"{path}." if path else ""), type(m).__name__
 
         def has(*names: str, _m=m) -> bool:
             return all(_has_path(_m, n) for n in names)
@@ -34,6 +35,25 @@ def known_blocks(model: nn.Module) -> list[LayerPlan]:
                                  through=[(pre + "activation", -1), (pre + "dropout", -1)],
                                  found_by="nn.Transformer block"))
             out.append(refuse(pre + "linear2", RESIDUAL, "nn.Transformer block"))
+        elif kind.endswith("Layer") and has("dwconv", "pwconv1", "act", "pwconv2"):
+            # ConvNeXt: dwconv -> norm -> pwconv1 -> act -> pwconv2 (Linears, channels last)
+            out.append(checked_block(m, pre, LayerPlan(
+                pre + "pwconv1", True, consumers=[(pre + "pwconv2", 1)],
+                through=[(pre + "act", -1)], found_by="ConvNeXt block"),
+                upstream=("dwconv", "layernorm", "drop_path")))
+            out.append(refuse(pre + "pwconv2", RESIDUAL, "ConvNeXt block"))
+        elif has("lin1", "lin2", "activation"):  # DistilBERT: lin1 -> activation -> lin2
+            out.append(checked_block(m, pre, LayerPlan(
+                pre + "lin1", True, consumers=[(pre + "lin2", 1)],
+                through=[(pre + "activation", -1)], found_by="DistilBERT feed-forward")))
+            out.append(refuse(pre + "lin2", RESIDUAL, "DistilBERT feed-forward"))
+        elif has("intermediate_dense", "intermediate_act_fn", "output_dense"):
+            # wav2vec 2.0, HuBERT, WavLM, Data2VecAudio: dense -> act -> dropout -> dense
+            out.append(checked_block(m, pre, LayerPlan(
+                pre + "intermediate_dense", True, consumers=[(pre + "output_dense", 1)],
+                through=_present(m, pre, "intermediate_act_fn", "intermediate_dropout"),
+                found_by="wav2vec 2.0 feed-forward")))
+            out.append(refuse(pre + "output_dense", RESIDUAL, "wav2vec 2.0 feed-forward"))
         elif has("intermediate.dense", "intermediate.intermediate_act_fn", "output.dense"):
             out.append(LayerPlan(pre + "intermediate.dense", True,
                                  consumers=[(pre + "output.dense", 1)],
@@ -60,6 +80,9 @@ def known_blocks(model: nn.Module) -> list[LayerPlan]:
                 pre + "wi", True, consumers=[(pre + "wo", 1)],
                 through=_present(m, pre, "act", "dropout"), found_by="T5 feed-forward")))
             out.append(refuse(pre + "wo", RESIDUAL, "T5 feed-forward"))
+        elif has("fc1", "dwconv.dwconv", "activation_fn", "fc2"):  # SegFormer's Mix-FFN
+            out.append(_mix_ffn_pair(m, pre))
+            out.append(refuse(pre + "fc2", RESIDUAL, _MIX_FFN))
         elif type(m).__name__.endswith("MLP") and has("fc1", "fc2", "activation_fn") \
                 and not has("gate_proj"):  # ViT (transformers 5), CLIP, SigLIP: fc1 -> act -> fc2
             out.append(checked_block(m, pre, LayerPlan(
@@ -152,6 +175,36 @@ def _bart_like_pair(block: nn.Module, pre: str) -> LayerPlan:
                                        "not have; pass pairs= if its readers are known", by)
     return LayerPlan(pre + "fc1", True, consumers=[(pre + "fc2", 1)],
                      through=[(pre + "activation_fn", -1)], found_by=by)
+
+
+_MIX_FFN = "SegFormer Mix-FFN"
+
+
+def _mix_ffn_pair(block: nn.Module, pre: str) -> LayerPlan:
+    """SegFormer's ``fc1`` -> depthwise conv over the image (``dwconv.dwconv``) ->
+    ``activation_fn`` -> dropout -> ``fc2``. Its forward takes the image size, so it is checked
+    by its parts: the widths agree, the conv is depthwise, and nothing else holds state. The
+    dropout, also used after ``fc2``, stays as it is (exact in eval mode)."""
+    gives, reads = width_of(block.fc1, "out"), width_of(block.fc2, "in")
+    conv = block.dwconv.dwconv
+    core = conv.source if isinstance(conv, DendriticLayer) else conv
+    depthwise = isinstance(core, nn.Conv2d) and core.groups == core.in_channels == \
+        core.out_channels == gives
+    if gives != reads or not depthwise:
+        return refuse(pre + "fc1", f"{pre}fc1 gives {gives} outputs, {pre}fc2 reads {reads} and "
+                                   f"{pre}dwconv.dwconv is {'' if depthwise else 'not '}a "
+                                   "depthwise conv of that width; pass pairs= if its readers "
+                                   "are known", _MIX_FFN)
+    for name, child in block.named_children():
+        if name not in {"fc1", "dwconv", "activation_fn", "fc2"} and (
+                any(True for _ in child.parameters()) or any(True for _ in child.buffers())):
+            return refuse(pre + "fc1", f"the block also holds {pre}{name} "
+                                       f"({type(child).__name__}), which the {_MIX_FFN} pattern "
+                                       "does not have; pass pairs= if its readers are known",
+                          _MIX_FFN)
+    return LayerPlan(pre + "fc1", True, consumers=[(pre + "fc2", 1)],
+                     through=[(pre + "dwconv.dwconv", 1), (pre + "activation_fn", -1)],
+                     found_by=_MIX_FFN)
 
 
 _CNN_RESIDUAL = ("its output is added into the residual stream of the ResNet stages, which "

@@ -1,0 +1,84 @@
+"""The feed-forward pairs of encoders people fine-tune that no model-wide trace reaches:
+DistilBERT's ``lin1`` -> ``lin2``, ConvNeXt's ``pwconv1`` -> ``pwconv2``, the wav2vec 2.0
+family's ``intermediate_dense`` -> ``output_dense`` and SegFormer's Mix-FFN ``fc1`` -> depthwise
+conv -> ``fc2``. Each grows exactly, its new neurons are wired to the reader, and it exports to a
+plain model with the same outputs; before, every one was refused ("torch.fx cannot trace the
+model; pass pairs=")."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import perfora
+
+T = pytest.importorskip("transformers", reason="transformers not installed")
+
+
+def _build(name: str) -> tuple[torch.nn.Module, str, dict]:
+    """A tiny model, its first hidden layer that should gain neurons, and its forward inputs."""
+    torch.manual_seed(0)
+    images = {"pixel_values": torch.randn(2, 3, 32, 32)}
+    if name == "distilbert":
+        return (T.DistilBertModel(T.DistilBertConfig(
+            vocab_size=64, dim=32, hidden_dim=64, n_layers=2, n_heads=2,
+            max_position_embeddings=32)), "transformer.layer.0.ffn.lin1",
+            {"input_ids": torch.randint(3, 64, (2, 6))})
+    if name == "convnext":
+        return (T.ConvNextModel(T.ConvNextConfig(hidden_sizes=[16, 32], depths=[1, 1],
+                                                 num_stages=2)),
+                "encoder.stages.0.layers.0.pwconv1", images)
+    if name == "wav2vec2":
+        return (T.Wav2Vec2Model(T.Wav2Vec2Config(
+            hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+            conv_dim=(8, 8), conv_stride=(5, 2), conv_kernel=(10, 3),
+            num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=2)),
+            "encoder.layers.0.feed_forward.intermediate_dense",
+            {"input_values": torch.randn(2, 400)})
+    return (T.SegformerModel(T.SegformerConfig(
+        num_encoder_blocks=2, depths=[1, 1], sr_ratios=[2, 1], hidden_sizes=[16, 32],
+        num_attention_heads=[1, 2], strides=[4, 2], patch_sizes=[7, 3], mlp_ratios=[2, 2])),
+        "stages.0.blocks.0.mlp.fc1", images)
+
+
+@pytest.mark.parametrize("name", ["distilbert", "convnext", "wav2vec2", "segformer"])
+def test_the_feed_forward_pair_grows_neurons_exactly_and_exports(name):
+    model, hidden, inputs = _build(name)
+    model = perfora.perforate(model.eval())
+    plan = perfora.plan_widening(model)
+    assert hidden in plan.widenable, plan.refused.get(hidden)
+    reader = plan.layers[hidden].consumers[0][0]
+    assert "residual" in plan.refused[reader]
+    with torch.no_grad():
+        before = model(**inputs).last_hidden_state
+    width = model.get_submodule(hidden).source.out_features
+    perfora.widen(model, hidden, 8)
+    assert model.get_submodule(hidden).source.out_features == width + 8
+    after = model(**inputs).last_hidden_state
+    assert torch.equal(after, before)
+    after.square().sum().backward()  # the new neurons reach the reader: its new columns learn
+    new_columns = model.get_submodule(reader).source.weight.grad[:, width:]
+    assert new_columns.abs().sum() > 0
+    exported = perfora.export(model).eval()
+    with torch.no_grad():
+        assert torch.equal(exported(**inputs).last_hidden_state, after)
+
+
+def test_a_convnext_v2_block_is_refused_for_its_response_norm():
+    # GRN divides each channel by the mean over all channels: new neurons would change it
+    torch.manual_seed(0)
+    model = perfora.perforate(T.ConvNextV2Model(T.ConvNextV2Config(
+        hidden_sizes=[16, 32], depths=[1, 1], num_stages=2)).eval())
+    plan = perfora.plan_widening(model)
+    why = plan.refused["encoder.stages.0.layers.0.pwconv1"]
+    assert why.startswith("the block also holds encoder.stages.0.layers.0.grn (ConvNextV2GRN)")
+    with pytest.raises(perfora.PerforationError, match="grn"):
+        perfora.widen(model, "encoder.stages.0.layers.0.pwconv1", 4)
+
+
+def test_a_mix_ffn_whose_conv_is_not_depthwise_is_refused():
+    model, hidden, _ = _build("segformer")
+    block = model.get_submodule(hidden.rpartition(".")[0])
+    block.dwconv.dwconv = torch.nn.Conv2d(32, 32, 3, padding=1)  # mixes channels
+    plan = perfora.plan_widening(perfora.perforate(model))
+    assert "is not a depthwise conv" in plan.refused[hidden]
