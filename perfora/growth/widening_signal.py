@@ -6,8 +6,8 @@ producer's input ``x_P`` and the loss gradient at its consumer's output ``g_C`` 
 training passes of an armed epoch (the controller arms it only in the epoch before a growth
 step may come): a forward hook keeps the producer's input of the pass, and a gradient hook on
 the consumer's output adds ``g^T x`` for it. A Linear (or HF Conv1D) producer read by one
-Linear (or Conv1D) consumer through elementwise modules has rows that pair up one to one; a
-conv read by one conv, or by a Linear after a flatten, has the matrix of
+Linear (or Conv1D) consumer through elementwise modules (no depthwise conv) has rows that pair
+up one to one; a conv read by one conv, or by a Linear after a flatten, has the matrix of
 :mod:`perfora.growth.conv_signal`; other layers grow with random incoming weights. Sums are
 reduced over ranks before use, so every rank draws the same rows.
 """
@@ -24,6 +24,7 @@ from ..distributed.collectives import all_reduce_values
 from ..nn.blocks import is_hf_conv1d
 from ..nn.consumers import LayerPlan
 from ..nn.kernels import functorch_active, vmapped
+from ..nn.plan_types import is_grouped_conv
 from .compile_room import HookRecompiles
 from .conv_signal import ConvPair, conv_pair, core_layer
 from .transient_hooks import TransientHook
@@ -40,7 +41,18 @@ def pairs_rows(root: nn.Module, entry: LayerPlan) -> bool:
         return False
     consumer, repeat = entry.consumers[0]
     return repeat == 1 and _dense(root.get_submodule(entry.path)) \
-        and _dense(root.get_submodule(consumer))
+        and _dense(root.get_submodule(consumer)) \
+        and not any(_mixes_positions(root, path) for path, _axis in entry.through)
+
+
+def _mixes_positions(root: nn.Module, path: str) -> bool:
+    """A depthwise conv on the way (SegFormer's Mix-FFN): a new unit's value then depends on
+    neighbouring rows, which the one-to-one pairing leaves out, so such a layer grows with
+    random rows, as a conv pair through a depthwise conv does."""
+    try:
+        return is_grouped_conv(root.get_submodule(path))
+    except AttributeError:
+        return False  # a function found by torch.fx
 
 
 def signal_shape(root: nn.Module, entry: LayerPlan) -> tuple[int, int]:

@@ -82,3 +82,14 @@ def test_a_mix_ffn_whose_conv_is_not_depthwise_is_refused():
     block.dwconv.dwconv = torch.nn.Conv2d(32, 32, 3, padding=1)  # mixes channels
     plan = perfora.plan_widening(perfora.perforate(model))
     assert "is not a depthwise conv" in plan.refused[hidden]
+
+
+def test_gradmax_pairs_rows_through_an_activation_but_not_through_a_depthwise_conv():
+    # the one-to-one pairing of input and error rows leaves out the conv's neighbours
+    from perfora.growth.widening_signal import pairs_rows
+
+    for name, expected in (("distilbert", True), ("segformer", False)):
+        model, hidden, _ = _build(name)
+        model = perfora.perforate(model)
+        entry = perfora.plan_widening(model).layers[hidden]
+        assert pairs_rows(model, entry) is expected, name
