@@ -1,9 +1,9 @@
-"""The feed-forward pairs of known Transformer blocks (torch's, BERT, DistilBERT, GPT-2, Llama,
-T5, ViT and CLIP MLPs, GPT-NeoX/Falcon/BLOOM/GPT-J MLPs, OPT and BART-family layers, wav2vec
-2.0-family feed-forwards, SegFormer's Mix-FFN) and of ConvNeXt blocks: which hidden layer
-gains neurons and what reads it, and refusals for the rest of those blocks (the residual
-width, attention projections). Only the hidden width grows. Also the inverted residual blocks
-of transformers' MobileNetV2, MobileViT and EfficientNet
+"""The feed-forward pairs of known Transformer blocks (torch's; BERT, DistilBERT; GPT-2, GPT-Neo,
+GPTBigCode, Llama, T5; ViT and CLIP MLPs; GPT-NeoX/Falcon/BLOOM/GPT-J MLPs; OPT and BART-family
+layers; wav2vec 2.0-family feed-forwards; SegFormer's Mix-FFN) and of ConvNeXt blocks: which
+hidden layer gains neurons and what reads it, and refusals for the rest of those blocks (the
+residual width, attention projections). Only the hidden width grows. Also the inverted
+residual blocks of transformers' MobileNetV2, MobileViT and EfficientNet
 (:mod:`perfora.nn.inverted_residual`), whose expansion widens through the depthwise conv."""
 
 from __future__ import annotations
@@ -61,8 +61,8 @@ def known_blocks(model: nn.Module) -> list[LayerPlan]:
                                  found_by="BERT block"))
             out.append(refuse(pre + "output.dense", RESIDUAL + " (then LayerNorm)",
                                "BERT block"))
-        elif has("c_fc", "c_proj", "act") and is_hf_conv1d(
-                m.c_fc.source if isinstance(m.c_fc, DendriticLayer) else m.c_fc):
+        elif has("c_fc", "c_proj", "act") and _dense_core(m.c_fc):
+            # GPT-2 (HF Conv1D); GPT-Neo and GPTBigCode/StarCoder (nn.Linear)
             out.append(checked_block(m, pre, LayerPlan(
                 pre + "c_fc", True, consumers=[(pre + "c_proj", 1)],
                 through=[(pre + "act", -1)], found_by="GPT-2 MLP")))
@@ -116,6 +116,12 @@ def known_blocks(model: nn.Module) -> list[LayerPlan]:
                                        "split into heads or added to the residual stream",
                                        "attention"))
     return out
+
+
+def _dense_core(layer: nn.Module) -> bool:
+    """A Linear or Hugging Face Conv1D, plain or wrapped as a dendritic layer."""
+    core = layer.source if isinstance(layer, DendriticLayer) else layer
+    return isinstance(core, nn.Linear) or is_hf_conv1d(core)
 
 
 def _present(block: nn.Module, pre: str, *names: str) -> list[tuple[str, int]]:

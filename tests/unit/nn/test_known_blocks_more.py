@@ -1,5 +1,5 @@
 """The feed-forward pairs of more Hugging Face decoders and encoder-decoders: GPT-NeoX
-(Pythia), Falcon, BLOOM and GPT-J MLPs, and the layers of OPT and the BART family, whose
+(Pythia), Falcon, BLOOM, GPT-J, GPT-Neo and GPTBigCode (StarCoder) MLPs, and the layers of OPT and the BART family, whose
 ``fc1`` -> ``fc2`` sits in the layer itself. Each grows exactly and exports to a plain model
 with the same outputs; they were refused ("torch.fx cannot trace the model; pass pairs=")."""
 
@@ -35,6 +35,15 @@ def _build(name: str) -> tuple[torch.nn.Module, str, dict]:
         return (T.GPTJForCausalLM(T.GPTJConfig(
             vocab_size=64, n_embd=32, n_layer=2, n_head=2, n_positions=32, rotary_dim=8,
             n_inner=64, bos_token_id=0, eos_token_id=0)), "transformer.h.0.mlp.fc_in", {})
+    if name == "gpt_neo":  # the GPT-2 MLP's names on nn.Linear layers
+        return (T.GPTNeoForCausalLM(T.GPTNeoConfig(
+            vocab_size=64, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,
+            max_position_embeddings=32, attention_types=[[["global", "local"], 1]])),
+            "transformer.h.0.mlp.c_fc", {})
+    if name == "gpt_bigcode":  # StarCoder's
+        return (T.GPTBigCodeForCausalLM(T.GPTBigCodeConfig(
+            vocab_size=64, n_embd=32, n_layer=2, n_head=2, n_inner=64, n_positions=32)),
+            "transformer.h.0.mlp.c_fc", {})
     if name == "opt":
         return (T.OPTForCausalLM(T.OPTConfig(
             vocab_size=64, hidden_size=32, ffn_dim=64, num_hidden_layers=2,
@@ -47,7 +56,8 @@ def _build(name: str) -> tuple[torch.nn.Module, str, dict]:
         {"decoder_input_ids": IDS[:, :3]})
 
 
-@pytest.mark.parametrize("name", ["gpt_neox", "falcon", "bloom", "gptj", "opt", "bart"])
+@pytest.mark.parametrize("name", ["gpt_neox", "falcon", "bloom", "gptj", "gpt_neo",
+                                  "gpt_bigcode", "opt", "bart"])
 def test_the_feed_forward_pair_grows_neurons_exactly_and_exports(name):
     model, hidden, extra = _build(name)
     model = perfora.perforate(model.eval())
