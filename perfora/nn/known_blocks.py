@@ -105,6 +105,9 @@ def known_blocks(model: nn.Module) -> list[LayerPlan]:
                     through=[(pre + "act_fn", -1)], partners=[pre + other],
                     found_by="Llama MLP")))
             out.append(refuse(pre + "down_proj", RESIDUAL, "Llama MLP"))
+        elif (fused := _fused_gated_pair(m)) is not None:  # Phi-3, ModernBERT
+            out.append(refuse(pre + fused[0], _FUSED, "fused gated MLP"))
+            out.append(refuse(pre + fused[1], RESIDUAL, "fused gated MLP"))
         elif (residual := _resnet_residual_writers(m, pre)) is not None:  # HF ResNet
             out.extend(refuse(path, _CNN_RESIDUAL, "ResNet residual") for path in residual)
         else:
@@ -181,6 +184,24 @@ def _bart_like_pair(block: nn.Module, pre: str) -> LayerPlan:
                                        "not have; pass pairs= if its readers are known", by)
     return LayerPlan(pre + "fc1", True, consumers=[(pre + "fc2", 1)],
                      through=[(pre + "activation_fn", -1)], found_by=by)
+
+
+_FUSED = ("a fused gate-and-up projection: its output is split into two halves (gate, up), so "
+          "each new neuron would need a row in the middle of its weight and one at the end, "
+          "and neuron growth only appends rows; such a layer keeps its width (it can still "
+          "grow dendrites)")
+
+
+def _fused_gated_pair(block: nn.Module) -> tuple[str, str] | None:
+    """(fused projection, reader) of a gated MLP whose gate and up projections are one layer,
+    chunked in its forward (Phi-3's ``gate_up_proj``, ModernBERT's ``Wi``): the layer gives
+    twice the reader's inputs."""
+    for fused, reader in (("gate_up_proj", "down_proj"), ("Wi", "Wo")):
+        layers = getattr(block, fused, None), getattr(block, reader, None)
+        if all(layer is not None and is_producer(layer) for layer in layers) and \
+                width_of(layers[0], "out") == 2 * width_of(layers[1], "in"):
+            return fused, reader
+    return None
 
 
 _MIX_FFN = "SegFormer Mix-FFN"

@@ -1,7 +1,8 @@
 """The feed-forward pairs of more Hugging Face decoders and encoder-decoders: GPT-NeoX
-(Pythia), Falcon, BLOOM, GPT-J, GPT-Neo and GPTBigCode (StarCoder) MLPs, and the layers of OPT and the BART family, whose
-``fc1`` -> ``fc2`` sits in the layer itself. Each grows exactly and exports to a plain model
-with the same outputs; they were refused ("torch.fx cannot trace the model; pass pairs=")."""
+(Pythia), Falcon, BLOOM, GPT-J, GPT-Neo and GPTBigCode (StarCoder) MLPs, and the layers of OPT
+and the BART family, whose ``fc1`` -> ``fc2`` sits in the layer itself. Each grows exactly and
+exports to a plain model with the same outputs; they were refused ("torch.fx cannot trace the
+model; pass pairs=")."""
 
 from __future__ import annotations
 
