@@ -96,6 +96,13 @@ def plan_widening(model: nn.Module, pairs: Mapping[str, Any] | None = None, *,
                                       "pass pairs={path: [consumers]}")
                          for p in candidates})
     decided: set[str] = set()
+    for path in candidates:
+        module = model.get_submodule(path)
+        if is_grouped_conv(module) and path not in (pairs or {}):
+            plan.layers[path] = refuse(path, _GROUPED.format(
+                module.source.groups if isinstance(module, DendriticLayer) else module.groups),
+                "grouped conv")
+            decided.add(path)
     found: dict[str, LayerPlan] = {}  # what the search finds for a pairs= layer
     for path, readers in (pairs or {}).items():
         plan.layers[path] = explicit_entry(model, path, readers)
@@ -148,6 +155,10 @@ def plan_widening(model: nn.Module, pairs: Mapping[str, Any] | None = None, *,
                                          f"({entry.found_by})", "pairs")
     _refuse_shared(model, plan)
     return plan
+
+
+_GROUPED = ("a grouped convolution (groups={}) cannot gain neurons of its own; a depthwise one "
+            "gains channels with the layer that feeds it")
 
 
 def _module_at(model: nn.Module, path: str) -> Any:

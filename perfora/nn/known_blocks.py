@@ -19,7 +19,7 @@ from .plan_types import ATTENTION_NAMES, RESIDUAL, LayerPlan, is_producer, refus
 
 def known_blocks(model: nn.Module) -> list[LayerPlan]:
     """The Transformer feed-forward pairs, and refusals for the rest of those blocks."""
-    out: list[LayerPlan] = _hf_heads(model)
+    out: list[LayerPlan] = _hf_heads(model) + _patch_embeddings(model)
     for path, m in model.named_modules():
         pre, kind = (f"{path}." if path else ""), type(m).__name__
 
@@ -61,6 +61,9 @@ def known_blocks(model: nn.Module) -> list[LayerPlan]:
                                  found_by="BERT block"))
             out.append(refuse(pre + "output.dense", RESIDUAL + " (then LayerNorm)",
                                "BERT block"))
+            if _has_path(m, "attention.output.dense"):  # the attention's output projection
+                out.append(refuse(pre + "attention.output.dense",
+                                  RESIDUAL + " (then LayerNorm)", "BERT block"))
         elif has("c_fc", "c_proj", "act") and _dense_core(m.c_fc):
             # GPT-2 (HF Conv1D); GPT-Neo and GPTBigCode/StarCoder (nn.Linear)
             out.append(checked_block(m, pre, LayerPlan(
@@ -256,6 +259,24 @@ def _resnet_residual_writers(block: nn.Module, pre: str) -> list[str] | None:
     if _has_path(block, "shortcut.convolution"):
         writers.append(pre + "shortcut.convolution")
     return writers
+
+
+_PATCH = ("its output is the patch embedding, which becomes the residual stream (d_model) that "
+          "many layers read: no list of readers can widen it")
+
+
+def _patch_embeddings(model: nn.Module) -> list[LayerPlan]:
+    """The patch projection of a vision Transformer or ConvNeXt (a layer named
+    ``patch_embed*``, or its ``projection``/``proj``): its output channels are the model's
+    width. Found by name, also where the model does not trace."""
+    out = []
+    for path, m in model.named_modules():
+        parts = path.split(".")
+        named = parts[-1].startswith("patch_embed") or parts[-1] in ("projection", "proj") \
+            and any(part.startswith("patch_embed") for part in parts[-3:-1])
+        if named and is_producer(m):
+            out.append(refuse(path, _PATCH, "patch embedding"))
+    return out
 
 
 _HEAD_NAMES = ("classifier", "score", "lm_head", "qa_outputs")

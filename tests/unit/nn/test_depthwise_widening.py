@@ -496,3 +496,13 @@ def test_depthwise_growth_keeps_the_bits_in_every_layout(dims, layout, padding, 
             assert model[2].weight.is_contiguous(memory_format=torch.channels_last)
         narrow_widenings(model, "0", 0)
         assert torch.equal(model(x), before)
+
+
+def test_the_plan_refuses_a_depthwise_conv_as_a_layer_of_its_own():
+    # the plan of a plain model said "2 -> 4 [torch.fx]", and widen() then raised
+    plan = perfora.plan_widening(_chain())
+    assert plan.refused["3"].startswith("a grouped convolution (groups=8) cannot gain neurons "
+                                        "of its own")
+    assert plan.layers["0"].widenable
+    with pytest.raises(perfora.PerforationError, match="grouped conv"):
+        perfora.widen(_chain(), "3", 4)

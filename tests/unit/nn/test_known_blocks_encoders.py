@@ -110,3 +110,23 @@ def test_a_fused_gate_and_up_projection_is_refused_with_the_reason(name):
     why = plan.refused[f"layers.0.mlp.{fused}"]
     assert why.startswith("a fused gate-and-up projection") and "pairs=" not in why
     assert "residual" in plan.refused["layers.0.mlp." + ("down_proj" if name == "phi3" else "Wo")]
+
+
+def test_patch_embeddings_and_bert_attention_outputs_are_refused_as_the_residual_stream():
+    # they were refused as "torch.fx cannot trace the model; pass pairs=", which cannot help
+    torch.manual_seed(0)
+    vit = T.ViTModel(T.ViTConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=2,
+                                 intermediate_size=64, image_size=32, patch_size=8))
+    convnext, _, _ = _build("convnext")
+    for model, path in ((vit, "embeddings.patch_embeddings.projection"),
+                        (convnext, "embeddings.patch_embeddings")):
+        why = perfora.plan_widening(model).refused[path]
+        assert why.startswith("its output is the patch embedding") and "pairs=" not in why
+    bert = perfora.perforate(T.BertModel(T.BertConfig(
+        vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=64)))
+    attention_out = "encoder.layer.0.attention.output.dense"
+    assert "residual stream" in perfora.plan_widening(bert).refused[attention_out]
+    with pytest.raises(perfora.PerforationError, match="pairs= names its readers, but"):
+        perfora.widen(bert, attention_out, 4, pairs={attention_out: [
+            "encoder.layer.0.intermediate.dense"]})
