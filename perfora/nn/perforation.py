@@ -20,7 +20,13 @@ from ..errors import (
 from .attention import is_attention_projection, route_wrapped_layers
 from .layers import DendriticLayer, bank_kind, dendritic_layers, unwrap_model
 from .plain_keys import add_plain_key_hook
-from .refusals import RECURRENT, recurrent_error, refuse_unsupported
+from .refusals import (
+    PARAMETRIZED,
+    RECURRENT,
+    parametrized_inside,
+    recurrent_error,
+    refuse_unsupported,
+)
 from .resize_head import add_resize_hook
 from .selectors import check_consistent, module_types, string_list
 from .tied import rename_tied_keys, tie_reason, tied_modules
@@ -221,6 +227,10 @@ def _select(module: nn.Module, prefix: str, types: tuple, names: set, paths: set
             skipped.append((path, f"{type(module).__name__} reads its weight directly; "
                                   f"name it in paths=[{path!r}] to grow it anyway (perfora "
                                   "then routes the attention output through it)"))
+            continue
+        if hit and path not in paths and parametrized_inside(child):
+            skipped.append((path, f"{PARAMETRIZED}; remove the parametrization to grow it, "
+                                  "or name it in paths= to be told how"))
             continue
         if hit and path not in paths and id(child) in ties:
             skipped.append((path, tie_reason(path, ties[id(child)])))

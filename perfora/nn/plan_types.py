@@ -7,10 +7,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from torch import nn
-from torch.nn.utils import parametrize
 
 from .blocks import CONV_TYPES, TRANSPOSED_CONVS, Blockwise, is_hf_conv1d
 from .layers import DendriticLayer
+from .refusals import has_parametrization
 
 ELEMENTWISE = (nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.ELU, nn.SELU, nn.CELU, nn.GELU, nn.Tanh,
                nn.Sigmoid, nn.SiLU, nn.Mish, nn.Softplus, nn.Hardtanh, nn.Hardswish,
@@ -119,11 +119,7 @@ def grouped_reason(path: str, module: nn.Module, width: int, axis: int,
 def parametrized(module: nn.Module) -> bool:
     """True when a layer's weight is computed by a parametrization (``weight_norm``,
     ``spectral_norm``, ``torch.nn.utils.parametrize``; old or new style)."""
-    core = module.source if isinstance(module, DendriticLayer) else module
-    if parametrize.is_parametrized(core):
-        return True
-    return any(type(hook).__name__ in ("WeightNorm", "SpectralNorm")
-               for hook in core._forward_pre_hooks.values())
+    return has_parametrization(module.source if isinstance(module, DendriticLayer) else module)
 
 
 def width_of(module: nn.Module, side: str) -> int:

@@ -1,10 +1,12 @@
 """The modules perforate refuses at selection time, with the way in for each: dendrites
 could never run on them (no parameters, lazy or integer ones, a hidden state, a tuple output,
-batch-norm statistics shared by the dendrites' copies)."""
+batch-norm statistics shared by the dendrites' copies, a weight computed by a
+parametrization)."""
 
 from __future__ import annotations
 
 from torch import nn
+from torch.nn.utils import parametrize
 
 from ..errors import PerforationError
 
@@ -15,6 +17,11 @@ def refuse_unsupported(path: str, module: nn.Module) -> None:
         raise PerforationError(f"cannot perforate {path!r} ({type(module).__name__}): "
                                "it has no parameters to copy into dendrites")
     _refuse_unfit_parameters(path, module)
+    if parametrized_inside(module):
+        raise PerforationError(f"cannot perforate {path!r} ({type(module).__name__}): "
+                               f"{PARAMETRIZED}. Remove it first (torch.nn.utils.parametrize."
+                               "remove_parametrizations, or remove_weight_norm for the old "
+                               "style), or leave the layer out")
     if isinstance(module, RECURRENT):
         raise recurrent_error(path, module)
     _refuse_running_statistics(path, module)
@@ -26,6 +33,22 @@ def refuse_unsupported(path: str, module: nn.Module) -> None:
 
 
 RECURRENT = (nn.RNNBase, nn.RNNCellBase)
+PARAMETRIZED = ("its weight is computed by a parametrization (weight_norm, spectral_norm, "
+                "torch.nn.utils.parametrize), and a dendrite set copies a layer's own "
+                "parameters, which here are the parametrization's inputs")
+
+
+def has_parametrization(module: nn.Module) -> bool:
+    """True when one of the module's own weights is computed by a parametrization
+    (``weight_norm``, ``spectral_norm``, ``torch.nn.utils.parametrize``; old or new style)."""
+    return parametrize.is_parametrized(module) or any(
+        type(hook).__name__ in ("WeightNorm", "SpectralNorm")
+        for hook in module._forward_pre_hooks.values())
+
+
+def parametrized_inside(module: nn.Module) -> bool:
+    """True when the module or any module inside it has a parametrized weight."""
+    return any(has_parametrization(m) for m in module.modules())
 
 
 def _refuse_running_statistics(path: str, module: nn.Module) -> None:

@@ -196,3 +196,26 @@ def test_naming_the_axis_of_a_layer_not_selected_is_said():
                                          r"so it is not wrapped"):
         perfora.perforate(model, paths=["conv1"], neuron_axes={"proj": -1})
     assert list(perfora.dendritic_layers(model)) == ["conv1"]
+
+
+@pytest.mark.parametrize("norm", [nn.utils.parametrizations.weight_norm, nn.utils.weight_norm,
+                                  nn.utils.parametrizations.spectral_norm])
+def test_a_parametrized_layer_is_left_out_and_refused_when_named(norm, caplog):
+    # it was wrapped, and the first dendrite set failed with KeyError: 'weight' (wav2vec 2.0's
+    # weight-normed positional conv, spectral-normed GAN discriminators)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), norm(nn.Linear(8, 8)), nn.ReLU(),
+                          nn.Linear(8, 2)).eval()
+    x = torch.randn(5, 4)
+    with caplog.at_level("INFO", logger="perfora"):
+        perfora.perforate(model)
+    assert sorted(perfora.dendritic_layers(model)) == ["0", "4"]
+    assert "skipped 2: its weight is computed by a parametrization" in caplog.text
+    before = model(x)
+    controller = perfora.GrowthController(model, seed=0, write_files=False)
+    controller.set_optimizer(torch.optim.Adam, lr=1e-2)
+    controller.build_optimizer()
+    controller.add_dendrites()
+    assert torch.equal(model(x), before)
+    with pytest.raises(perfora.PerforationError, match="'0'.*parametrization.*Remove it first"):
+        perfora.perforate(nn.Sequential(norm(nn.Linear(8, 8))), paths=["0"])
