@@ -18,6 +18,7 @@ from ..errors import (
     require_bool,
 )
 from .attention import is_attention_projection, route_wrapped_layers
+from .blocks import is_hf_conv1d
 from .layers import DendriticLayer, bank_kind, dendritic_layers, unwrap_model
 from .plain_keys import add_plain_key_hook
 from .refusals import (
@@ -119,7 +120,8 @@ def perforate(
 ) -> nn.Module:
     """Wrap the selected modules of ``model`` in place in :class:`DendriticLayer` and return it.
 
-    Selection: ``types`` (default Linear and Conv1d/2d/3d when no other selector is given),
+    Selection: ``types`` (default Linear and Conv1d/2d/3d, and Hugging Face's Conv1D, when no
+    other selector is given),
     class ``names``, dotted ``paths`` and a ``predicate(path, module)``; ``exclude`` (paths
     or prefixes) and ``exclude_types`` win over them; one string or class alone is a list of
     one. ``group_norms`` groups a norm layer that directly follows a selected layer inside an
@@ -139,6 +141,8 @@ def perforate(
     exclude_types = module_types(exclude_types, "exclude_types")
     if types is None:
         types = () if (paths or names or predicate) else DEFAULT_TYPES
+        if types:  # the default also takes Hugging Face's Conv1D (GPT-2's layers)
+            predicate = _is_hf_conv1d
     types = module_types(types, "types")
     neuron_axes = dict(neuron_axes or {})
     num_neurons = dict(num_neurons or {})
@@ -271,11 +275,17 @@ def _sequential_norm_pairs(inner: nn.Module, selected: list[str], exclude: Seque
     return pairs
 
 
+def _is_hf_conv1d(path: str, module: nn.Module) -> bool:
+    return is_hf_conv1d(module)
+
+
 def _axis_for(path: str, module: nn.Module, neuron_axes: Mapping[str, int]) -> int:
     if path in neuron_axes:
         return int(neuron_axes[path])
     if type(module).__name__ in neuron_axes:
         return int(neuron_axes[type(module).__name__])
+    if is_hf_conv1d(module):
+        return -1  # a Linear with its weight stored [in, out]
     kind = bank_kind(module)
     if kind == "linear":
         return -1
@@ -296,6 +306,8 @@ def _neuron_sizes(inner: nn.Module, selected: list[str], neuron_axes: Mapping[st
         module = modules[path]
         if path in num_neurons:
             sizes[path] = int(num_neurons[path])
+        elif is_hf_conv1d(module):
+            sizes[path] = int(module.nf)
         elif bank_kind(module) != "generic":
             width = getattr(module, "out_features", None)
             sizes[path] = int(module.out_channels if width is None else width)
@@ -369,7 +381,7 @@ def _unselected_classes(modules: Mapping[str, nn.Module]) -> str:
         return ""
     return (f". Classes with their own weights here: {found}; select one by names=[...] "
             "(with neuron_axes={name: AXIS} and example_input= for a class perfora does not "
-            "know, e.g. transformers' Conv1D: neuron_axes={'Conv1D': -1})")
+            "know, e.g. neuron_axes={'MyLayer': -1} for a layer whose features are last)")
 
 
 def _class_name(module: nn.Module) -> str:

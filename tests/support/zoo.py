@@ -166,8 +166,7 @@ def hf_models() -> list[ZooModel]:
     """The Hugging Face part of the zoo (transformers is a dev dependency)."""
     return [
         ZooModel("gpt2", _seeded(_gpt2), _lm_batch, _lm_loss, _logits,
-                 wrapped={"Conv1D": 8}, skipped=["lm_head"], hf=True,
-                 perforate_kwargs={**CONV1D, "example_input": _ids(64)}),
+                 wrapped={"Conv1D": 8}, skipped=["lm_head"], hf=True),
         ZooModel("llama-tied", _seeded(_llama(True)), _lm_batch, _lm_loss, _logits,
                  wrapped={"Linear": 14}, skipped=["lm_head"], hf=True),
         ZooModel("llama-untied", _seeded(_llama(False)), _lm_batch, _lm_loss, _logits,

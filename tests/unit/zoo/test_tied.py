@@ -30,11 +30,16 @@ def test_default_perforate_leaves_a_tied_lm_head_alone_and_says_how_to_grow_it(n
     model.save_pretrained(tmp_path)  # raised "shared tensors" when lm_head was wrapped
 
 
-def test_gpt2_default_selection_says_its_layers_are_conv1d_and_its_head_is_tied():
-    with pytest.raises(perfora.PerforationError) as err:
-        perfora.perforate(ZOO["gpt2"].build())
-    assert "skipped lm_head: its weight is tied" in str(err.value)
-    assert "Conv1D" in str(err.value)
+def test_gpt2_default_selection_wraps_its_conv1d_layers_with_their_widths():
+    # it wrapped nothing ("nothing to perforate"): GPT-2 needed names=["Conv1D"],
+    # neuron_axes={"Conv1D": -1} and an example input
+    model = perfora.perforate(ZOO["gpt2"].build())
+    layers = perfora.dendritic_layers(model)
+    assert {path.rpartition(".")[2] for path in layers} == {"c_attn", "c_proj", "c_fc"}
+    assert len(layers) == 8 and "lm_head" not in layers
+    c_fc = layers["transformer.h.0.mlp.c_fc"]
+    assert (c_fc.num_neurons, c_fc.neuron_axis) == (c_fc.source.nf, -1)
+    assert perfora.plan_widening(model).layers["transformer.h.0.mlp.c_fc"].widenable
 
 
 @pytest.mark.parametrize("name", ["llama-tied", "gpt2"])
