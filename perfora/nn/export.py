@@ -14,6 +14,7 @@ model classes, not perfora. ``torch.export``, ``torch.compile`` and ONNX see onl
 
 
 import copy  # (no `from __future__ import annotations`: fx would record string types)
+from typing import Any
 
 import torch
 import torch.fx
@@ -32,6 +33,21 @@ from .widening import remove_width_hook
 _ACTIVATION_FUNCTIONS = {"sigmoid": torch.sigmoid, "tanh": torch.tanh, "relu": F.relu}
 
 
+def _copy_model(model: nn.Module) -> nn.Module:
+    """A deep copy. A tensor that a forward pass left in a module's attributes with autograd
+    history (LeViT's attention bias cache, filled in eval mode) is copied detached: deepcopy
+    refuses such tensors ("only graph leaves support the deepcopy protocol")."""
+    memo: dict[int, Any] = {}
+    for module in model.modules():
+        for value in module.__dict__.values():
+            items = value.values() if isinstance(value, dict) else \
+                value if isinstance(value, (list, tuple)) else (value,)
+            for item in items:
+                if isinstance(item, torch.Tensor) and item.grad_fn is not None:
+                    memo[id(item)] = item.detach().clone()
+    return copy.deepcopy(model, memo)
+
+
 def export(model: nn.Module) -> nn.Module:
     """A copy of ``model`` with every dendritic layer as plain torch modules (in eval mode).
 
@@ -42,7 +58,7 @@ def export(model: nn.Module) -> nn.Module:
     ``n_inner``, ``d_ff``), so ``save_pretrained`` and ``from_pretrained`` round-trip; where
     layers grew to different widths no config can say so, and ``export`` warns."""
     inner = unwrap_model(model)
-    exported = plain_modules(copy.deepcopy(inner))  # widened layers: one plain call each
+    exported = plain_modules(_copy_model(inner))  # widened layers: one plain call each
     for path, layer in sorted(dendritic_layers(exported).items(), key=lambda kv: -len(kv[0])):
         # the copy's own base, not a copy of it: a weight tied to another module (a tied
         # lm_head named in paths=) stays that module's Parameter, as in the live model

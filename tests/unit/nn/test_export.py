@@ -243,3 +243,35 @@ def test_growth_under_autocast_keeps_the_outputs_dtype_and_bits(kind):
         after = model(x)
     assert after.dtype == before.dtype  # it used to turn float32 from the first set on
     assert torch.equal(after, before)
+
+
+class _CachingBias(nn.Module):
+    """Caches a tensor computed from its parameter in eval mode, as LeViT's attention does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(5, 5)
+        self.bias = nn.Parameter(torch.randn(5))
+        self.cache: dict[str, torch.Tensor] = {}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            return self.fc(x) + self.bias * 2
+        if "bias" not in self.cache:
+            self.cache["bias"] = self.bias * 2  # keeps its autograd history
+        return self.fc(x) + self.cache["bias"]
+
+
+def test_export_copies_a_model_whose_forward_cached_a_tensor_with_gradient_history():
+    # deepcopy raised "Only Tensors created explicitly by the user (graph leaves) support the
+    # deepcopy protocol", so a LeViT evaluated with gradients on could not be exported
+    torch.manual_seed(0)
+    model = perfora.perforate(nn.Sequential(_CachingBias(), nn.Tanh(), nn.Linear(5, 2))).eval()
+    perfora.dendritic_layers(model)["0.fc"].grow(torch.Generator().manual_seed(0))
+    x = torch.randn(3, 5)
+    live = model(x)
+    assert model[0].cache["bias"].grad_fn is not None
+    exported = perfora.export(model)
+    assert torch.allclose(exported(x), live, atol=1e-6)
+    assert exported[0].cache["bias"].grad_fn is None
+    assert model[0].cache["bias"].grad_fn is not None  # the live model is left as it was
