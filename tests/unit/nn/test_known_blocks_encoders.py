@@ -2,16 +2,19 @@
 DistilBERT's ``lin1`` -> ``lin2``, ConvNeXt's ``pwconv1`` -> ``pwconv2``, the wav2vec 2.0
 family's ``intermediate_dense`` -> ``output_dense`` and SegFormer's Mix-FFN ``fc1`` -> depthwise
 conv -> ``fc2``. Each grows exactly beside a trained dendrite set, its new neurons are wired to
-the reader, and it exports to a plain model with the same outputs (within the float rounding of
-an exported dendrite set); before, every one was refused ("torch.fx cannot trace the model; pass
-pairs=")."""
+the reader, it exports to a plain model with the same outputs (within the float rounding of an
+exported dendrite set), and a rewind narrows it back; before, every one was refused ("torch.fx
+cannot trace the model; pass pairs=")."""
 
 from __future__ import annotations
+
+import copy
 
 import pytest
 import torch
 
 import perfora
+from perfora.nn.perforation import layer_specs, rebuild_structure
 
 T = pytest.importorskip("transformers", reason="transformers not installed")
 
@@ -62,6 +65,7 @@ def test_the_feed_forward_pair_grows_neurons_exactly_and_exports(name):
     reader = plan.layers[hidden].consumers[0][0]
     assert "residual" in plan.refused[reader]
     _grow_a_trained_dendrite_set(model, inputs)  # neurons then join dendrites that act
+    specs, state = copy.deepcopy(layer_specs(model)), copy.deepcopy(model.state_dict())
     with torch.no_grad():
         before = model(**inputs).last_hidden_state
     width = model.get_submodule(hidden).source.out_features
@@ -75,6 +79,11 @@ def test_the_feed_forward_pair_grows_neurons_exactly_and_exports(name):
     exported = perfora.export(model).eval()  # dendrites export as one GEMM: float rounding
     with torch.no_grad():
         assert torch.allclose(exported(**inputs).last_hidden_state, after, atol=1e-6)
+    rebuild_structure(model, specs)  # the rewind to a best model from before the step
+    model.load_state_dict(state)
+    assert model.get_submodule(hidden).source.out_features == width
+    with torch.no_grad():
+        assert torch.equal(model(**inputs).last_hidden_state, before)
 
 
 def test_a_convnext_v2_block_is_refused_for_its_response_norm():
