@@ -1,6 +1,7 @@
 """Model sweep: many real architectures through perfora, stage by stage, to find what breaks.
 
-For each model (torchvision's and timm's where they import, plus a few built from
+For each model (torchvision's and timm's where they import, Hugging Face models built from tiny
+configs (``hf:NAME``, :mod:`hf_models`) where transformers imports, plus a few built from
 ``torch.nn`` alone, so the sweep runs anywhere): ``perforate``; two dendrite sets per layer
 with the output unchanged; two training steps with the sets fed, the loss finite; the export
 equal to the live model; and every layer ``plan_widening`` finds widened with the output
@@ -8,6 +9,7 @@ unchanged. Each stage is recorded as ok or with its error, so one failure does n
 next model's. Prints a table and writes ``model_sweep.json``.
 
     python benchmarks/model_sweep.py [--device cuda] [--models resnet18,timm:vit_tiny_...]
+    python benchmarks/model_sweep.py --models hf        # every Hugging Face model
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
+import hf_models
 import output_paths
 import torch
 from torch import nn
@@ -66,25 +70,53 @@ def check_spec(spec: str) -> None:
     """Refuse a model name the sweep does not know, before anything runs."""
     source, _, name = spec.rpartition(":")
     known = source == "timm" and name or source in ("", "tv") and name in TORCHVISION \
-        or source == "" and name in TORCH_NN
+        or source == "" and name in TORCH_NN or source == "hf" and name in _hf_names()
     if not known:
+        hf = ", ".join(_hf_names()) or "transformers does not import here"
         raise SystemExit(f"unknown model {spec!r}: torchvision names ({', '.join(TORCHVISION)}"
-                         f"), timm:NAME, or {', '.join(TORCH_NN)}")
+                         f"), timm:NAME, hf:NAME ({hf}), or {', '.join(TORCH_NN)}")
 
 
-def builder(spec: str) -> tuple[Callable[[], nn.Module], int]:
-    """A model constructor (3 classes, no pretrained weights) and its input size."""
+def _hf_names() -> list[str]:
+    try:
+        return list(hf_models.hf_models())
+    except ImportError:
+        return []
+
+
+class Subject(NamedTuple):
+    """What the sweep needs of a model: how to build it, run it on its batch (the output
+    tensor), and a training loss from that output."""
+    build: Callable[[], nn.Module]
+    run: Callable[[nn.Module], torch.Tensor]
+    loss: Callable[[torch.Tensor], torch.Tensor]
+
+
+def builder(spec: str, device: torch.device) -> Subject:
+    """A model constructor (3 classes, no pretrained weights; a Hugging Face base model for
+    ``hf:``), its forward on one batch, and a loss."""
     source, _, name = spec.rpartition(":")
+    if source == "hf":
+        build, make_inputs = hf_models.hf_models()[name]
+        inputs = {k: v.to(device) for k, v in make_inputs().items()}
+        return Subject(build, lambda m: m(**inputs).last_hidden_state,
+                       lambda out: out.square().mean())
+    size = 64
     if source == "timm":
         import timm
 
-        return (lambda: timm.create_model(name, pretrained=False, num_classes=3)), 224
-    if source in ("", "tv") and name in TORCHVISION:
+        build, size = (lambda: timm.create_model(name, pretrained=False, num_classes=3)), 224
+    elif source in ("", "tv") and name in TORCHVISION:
         import torchvision.models as tvm
 
         extra = {"aux_logits": False, "init_weights": True} if name == "googlenet" else {}
-        return (lambda: getattr(tvm, name)(weights=None, num_classes=3, **extra)), 96
-    return (lambda: _torch_nn(name)), 64
+        build, size = (lambda: getattr(tvm, name)(weights=None, num_classes=3, **extra)), 96
+    else:
+        build = lambda: _torch_nn(name)  # noqa: E731
+    x = torch.randn(2, 3, size, size, generator=torch.Generator().manual_seed(0)).to(device)
+    y = torch.tensor([0, 2], device=device)
+    return Subject(build, lambda m: _logits(m(x)),
+                   lambda out: nn.functional.cross_entropy(out, y))
 
 
 def available_models() -> list[str]:
@@ -100,7 +132,10 @@ def available_models() -> list[str]:
         specs += [f"timm:{n}" for n in TIMM]
     except Exception as exc:
         print(f"timm left out: {type(exc).__name__}: {exc}", file=sys.stderr)
-    return specs
+    names = _hf_names()
+    if not names:
+        print("Hugging Face models left out: transformers does not import", file=sys.stderr)
+    return specs + [f"hf:{n}" for n in names]
 
 
 def _logits(out) -> torch.Tensor:
@@ -112,22 +147,20 @@ def sweep_one(spec: str, device: torch.device) -> dict:
     row: dict = {"model": spec}
     stage = "build"
     try:
-        build, size = builder(spec)  # an import that fails is this model's error
-        x = torch.randn(2, 3, size, size, generator=torch.Generator().manual_seed(0)).to(device)
-        y = torch.tensor([0, 2], device=device)
+        build, run, loss_of = builder(spec, device)  # an import that fails is this model's error
         torch.manual_seed(0)
         model = perfora.perforate(build().eval()).to(device)
         row["wrapped"] = dict(collections.Counter(w.type for w in
                                                   perfora.describe(model).wrapped))
         stage = "grow"
         with torch.no_grad():
-            before = _logits(model(x))
+            before = run(model)
         layers = perfora.dendritic_layers(model)
         for layer in layers.values():
             for seed in (1, 2):
                 layer.grow(torch.Generator().manual_seed(seed))
         with torch.no_grad():
-            row["grow_output_change"] = (_logits(model(x)) - before).abs().max().item()
+            row["grow_output_change"] = (run(model) - before).abs().max().item()
             for layer in layers.values():
                 layer.out_weight.fill_(0.01)
         stage = "train"
@@ -136,7 +169,7 @@ def sweep_one(spec: str, device: torch.device) -> dict:
         losses = []
         for _ in range(2):
             opt.zero_grad()
-            loss = nn.functional.cross_entropy(_logits(model(x)), y)
+            loss = loss_of(run(model))
             loss.backward()
             opt.step()
             losses.append(loss.item())
@@ -144,19 +177,19 @@ def sweep_one(spec: str, device: torch.device) -> dict:
         stage = "export"
         model.eval()
         with torch.no_grad():
-            live = _logits(model(x))
+            live = run(model)
             exported = perfora.export(model)
-            row["export_diff"] = (_logits(exported(x)) - live).abs().max().item()
+            row["export_diff"] = (run(exported) - live).abs().max().item()
         stage = "widen"
         torch.manual_seed(0)
         fresh = perfora.perforate(build().eval()).to(device)
         plan = perfora.plan_widening(fresh)
         row["widenable"] = f"{len(plan.widenable)}/{len(plan.layers)}"
         with torch.no_grad():
-            before = _logits(fresh(x))
+            before = run(fresh)
             for path in plan.widenable:
                 perfora.widen(fresh, path, 2)
-            row["widen_output_change"] = (_logits(fresh(x)) - before).abs().max().item()
+            row["widen_output_change"] = (run(fresh) - before).abs().max().item()
         stage = "done"
     except Exception as exc:  # recorded per model: the sweep goes on
         row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
@@ -184,7 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--models", default=None,
-                    help="comma-separated (default: every model whose library imports)")
+                    help="comma-separated (default: every model whose library imports); 'hf' "
+                         "for every Hugging Face model")
     ap.add_argument("--out", type=Path, default=None,
                     help="JSON output path (default benchmarks/results/local/model_sweep.json; "
                          "the stored results/model_sweep_h200.json is a GPU machine's run, "
@@ -205,6 +239,8 @@ def main(argv: list[str] | None = None) -> None:
         torch.backends.cudnn.deterministic = True  # growth must leave outputs bit-identical
         torch.backends.cudnn.benchmark = False
     specs = args.models.split(",") if args.models else available_models()
+    if specs == ["hf"]:
+        specs = [f"hf:{n}" for n in _hf_names()]
     for spec in specs:
         check_spec(spec)
     rows = []

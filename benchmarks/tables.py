@@ -330,7 +330,15 @@ def _exact(flags: list[bool]) -> str:
 def table_model_sweep() -> str:
     """``model_sweep.py --device cuda``: real architectures through perforate, growth,
     training, export and widening."""
-    result = _load("model_sweep_h200.json")
+    return _model_sweep(_load("model_sweep_h200.json"))
+
+
+def table_model_sweep_hf() -> str:
+    """``model_sweep.py --models hf`` on the CPU: the Hugging Face models."""
+    return _model_sweep(_load("model_sweep_hf.json"))
+
+
+def _model_sweep(result: dict) -> str:
     out = []
     for row in result["rows"]:
         wrapped = ", ".join(f"{n} {k}" for k, n in row.get("wrapped", {}).items())
@@ -448,6 +456,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "gpu-runs": table_gpu_runs,
     "gpu-neurons": table_gpu_neurons,
     "model-sweep": table_model_sweep,
+    "model-sweep-hf": table_model_sweep_hf,
     "demo": table_demo,
     "epoch-cost": table_epoch_cost,
     "checkpoint-io": table_checkpoint_io,

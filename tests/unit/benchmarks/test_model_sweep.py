@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.support.paths import ROOT
 
 SCRIPT = ROOT / "benchmarks" / "model_sweep.py"
@@ -30,3 +32,20 @@ def test_an_unknown_model_is_refused_with_the_choices(tmp_path, script_server):
     proc = script_server.run(SCRIPT, "--models", "resnet9000", cwd=tmp_path, timeout=120)
     assert proc.codes[0] != 0
     assert "unknown model 'resnet9000'" in proc.log() and "timm:NAME" in proc.log()
+
+
+def test_hugging_face_models_pass_every_stage_and_widen_their_feed_forwards(tmp_path,
+                                                                             script_server):
+    # before, wav2vec 2.0 failed at its first dendrite set (a weight-normed conv) and
+    # DistilBERT and SegFormer had no layer to widen
+    pytest.importorskip("transformers")
+    out = tmp_path / "sweep.json"
+    models = "hf:distilbert,hf:segformer,hf:wav2vec2"
+    proc = script_server.run(SCRIPT, "--models", models, "--out", str(out),
+                             cwd=tmp_path / "job", timeout=240)
+    assert proc.ok, proc.log()
+    rows = {r["model"]: r for r in json.loads(out.read_text())["rows"]}
+    for row in rows.values():
+        assert row["stage"] == "done" and "error" not in row, row
+        assert row["grow_output_change"] == 0 and row["widen_output_change"] == 0, row
+    assert [rows[m]["widenable"] for m in models.split(",")] == ["2/12", "2/15", "1/10"]

@@ -1,0 +1,110 @@
+"""Hugging Face models at a tiny size, built from their configs (no downloads), with one batch
+of inputs each: the Transformers part of ``model_sweep.py``. Base models (no head): the sweep
+reads ``last_hidden_state``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+Inputs = dict[str, torch.Tensor]
+
+_LAYERS = dict(num_hidden_layers=2, hidden_size=32, num_attention_heads=2, intermediate_size=64)
+_AUDIO = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+              conv_dim=(8, 8), conv_stride=(5, 2), conv_kernel=(10, 3),
+              num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=2)
+_SEQ2SEQ = dict(encoder_layers=1, decoder_layers=1, d_model=32, encoder_attention_heads=2,
+                decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, vocab_size=64)
+
+
+def _text() -> Inputs:
+    return {"input_ids": torch.randint(3, 60, (2, 8), generator=_gen())}
+
+
+def _text_pair() -> Inputs:
+    return {**_text(), "decoder_input_ids": torch.randint(3, 60, (2, 4), generator=_gen())}
+
+
+def _image() -> Inputs:
+    return {"pixel_values": torch.randn(2, 3, 32, 32, generator=_gen())}
+
+
+def _audio() -> Inputs:
+    return {"input_values": torch.randn(2, 400, generator=_gen())}
+
+
+def _gen() -> torch.Generator:
+    return torch.Generator().manual_seed(0)
+
+
+def _specs(t) -> dict[str, tuple[Callable[[], nn.Module], Callable[[], Inputs]]]:
+    """name -> (builder, inputs); ``t`` is the transformers module."""
+    return {
+        "gpt2": (lambda: t.GPT2Model(t.GPT2Config(n_layer=2, n_embd=32, n_head=2,
+                                                   vocab_size=64)), _text),
+        "gpt_neo": (lambda: t.GPTNeoModel(t.GPTNeoConfig(
+            num_layers=2, hidden_size=32, num_heads=2, vocab_size=64, intermediate_size=64,
+            attention_types=[[["global"], 2]])), _text),
+        "gpt_bigcode": (lambda: t.GPTBigCodeModel(t.GPTBigCodeConfig(
+            vocab_size=64, n_embd=32, n_layer=2, n_head=2, n_inner=64)), _text),
+        "gpt_neox": (lambda: t.GPTNeoXModel(t.GPTNeoXConfig(vocab_size=64, **_LAYERS)), _text),
+        "llama": (lambda: t.LlamaModel(t.LlamaConfig(vocab_size=64, num_key_value_heads=2,
+                                                     **_LAYERS)), _text),
+        "mistral": (lambda: t.MistralModel(t.MistralConfig(vocab_size=64, num_key_value_heads=2,
+                                                           **_LAYERS)), _text),
+        "qwen2": (lambda: t.Qwen2Model(t.Qwen2Config(vocab_size=64, num_key_value_heads=2,
+                                                     **_LAYERS)), _text),
+        "gemma": (lambda: t.GemmaModel(t.GemmaConfig(vocab_size=64, num_key_value_heads=2,
+                                                     head_dim=16, **_LAYERS)), _text),
+        "phi": (lambda: t.PhiModel(t.PhiConfig(vocab_size=64, **_LAYERS)), _text),
+        "phi3": (lambda: t.Phi3Model(t.Phi3Config(vocab_size=64, num_key_value_heads=2,
+                                                  pad_token_id=0, **_LAYERS)), _text),
+        "opt": (lambda: t.OPTModel(t.OPTConfig(vocab_size=64, hidden_size=32, ffn_dim=64,
+                                               num_hidden_layers=2, num_attention_heads=2,
+                                               word_embed_proj_dim=32)), _text),
+        "bert": (lambda: t.BertModel(t.BertConfig(vocab_size=64, **_LAYERS)), _text),
+        "distilbert": (lambda: t.DistilBertModel(t.DistilBertConfig(
+            vocab_size=64, dim=32, hidden_dim=64, n_layers=2, n_heads=2)), _text),
+        "roberta": (lambda: t.RobertaModel(t.RobertaConfig(vocab_size=64, **_LAYERS)), _text),
+        "deberta_v2": (lambda: t.DebertaV2Model(t.DebertaV2Config(vocab_size=64, **_LAYERS)),
+                       _text),
+        "electra": (lambda: t.ElectraModel(t.ElectraConfig(vocab_size=64, embedding_size=32,
+                                                           **_LAYERS)), _text),
+        "t5": (lambda: t.T5Model(t.T5Config(num_layers=1, d_model=32, d_ff=64, num_heads=2,
+                                            d_kv=16, vocab_size=64)), _text_pair),
+        "bart": (lambda: t.BartModel(t.BartConfig(**_SEQ2SEQ)), _text_pair),
+        "vit": (lambda: t.ViTModel(t.ViTConfig(image_size=32, patch_size=8, **_LAYERS)), _image),
+        "dinov2": (lambda: t.Dinov2Model(t.Dinov2Config(
+            image_size=32, patch_size=8, num_hidden_layers=2, hidden_size=32,
+            num_attention_heads=2)), _image),
+        "clip_vision": (lambda: t.CLIPVisionModel(t.CLIPVisionConfig(
+            image_size=32, patch_size=8, **_LAYERS)), _image),
+        "swin": (lambda: t.SwinModel(t.SwinConfig(image_size=32, patch_size=4, embed_dim=16,
+                                                  depths=[1, 1], num_heads=[2, 2],
+                                                  window_size=4)), _image),
+        "convnext": (lambda: t.ConvNextModel(t.ConvNextConfig(hidden_sizes=[16, 32],
+                                                              depths=[1, 1], num_stages=2)),
+                     _image),
+        "resnet": (lambda: t.ResNetModel(t.ResNetConfig(embedding_size=16, hidden_sizes=[16, 32],
+                                                        depths=[1, 1], layer_type="basic")),
+                   _image),
+        "mobilenet_v2": (lambda: t.MobileNetV2Model(t.MobileNetV2Config(
+            image_size=32, depth_multiplier=0.25)), _image),
+        "segformer": (lambda: t.SegformerModel(t.SegformerConfig(
+            num_encoder_blocks=2, depths=[1, 1], sr_ratios=[2, 1], hidden_sizes=[16, 32],
+            num_attention_heads=[1, 2], strides=[4, 2], patch_sizes=[7, 3],
+            mlp_ratios=[2, 2])), _image),
+        "wav2vec2": (lambda: t.Wav2Vec2Model(t.Wav2Vec2Config(**_AUDIO)), _audio),
+        "hubert": (lambda: t.HubertModel(t.HubertConfig(**_AUDIO)), _audio),
+    }
+
+
+def hf_models() -> dict[str, tuple[Callable[[], nn.Module], Callable[[], Inputs]]]:
+    """Every model of this module: name -> (builder, inputs). Raises ImportError without
+    transformers."""
+    import transformers
+
+    return _specs(transformers)
+
