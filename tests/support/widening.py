@@ -1,5 +1,6 @@
 """Helpers for tests of what a widening passes through: one neuron step of the controller,
-and a widening undone by a rewind to a snapshot (the rewind to a narrower best model)."""
+a widening undone by a rewind to a snapshot (the rewind to a narrower best model), and a known
+block's feed-forward pair as the plan finds it."""
 
 from __future__ import annotations
 
@@ -37,3 +38,15 @@ def one_neuron_step(model: nn.Module, x: torch.Tensor, **settings
     with torch.no_grad():
         before = model.eval()(x)
     return ctl.step(0.5), before
+
+
+def known_pair(model: nn.Module, hidden: str) -> tuple[nn.Module, str]:
+    """``model`` perforated in eval mode, and the reader the plan finds for its feed-forward
+    layer ``hidden``: the layer gains neurons, the reader (it writes the residual stream)
+    does not."""
+    model = perfora.perforate(model.eval())
+    plan = perfora.plan_widening(model)
+    assert hidden in plan.widenable, plan.refused.get(hidden)
+    reader = plan.layers[hidden].consumers[0][0]
+    assert "residual" in plan.refused[reader]
+    return model, reader

@@ -15,6 +15,7 @@ import torch
 
 import perfora
 from perfora.nn.perforation import layer_specs, rebuild_structure
+from tests.support.widening import known_pair
 
 T = pytest.importorskip("transformers", reason="transformers not installed")
 
@@ -59,11 +60,7 @@ def _grow_a_trained_dendrite_set(model: torch.nn.Module, inputs: dict) -> None:
 @pytest.mark.parametrize("name", ["distilbert", "convnext", "wav2vec2", "segformer"])
 def test_the_feed_forward_pair_grows_neurons_exactly_and_exports(name):
     model, hidden, inputs = _build(name)
-    model = perfora.perforate(model.eval())
-    plan = perfora.plan_widening(model)
-    assert hidden in plan.widenable, plan.refused.get(hidden)
-    reader = plan.layers[hidden].consumers[0][0]
-    assert "residual" in plan.refused[reader]
+    model, reader = known_pair(model, hidden)
     _grow_a_trained_dendrite_set(model, inputs)  # neurons then join dendrites that act
     specs, state = copy.deepcopy(layer_specs(model)), copy.deepcopy(model.state_dict())
     with torch.no_grad():

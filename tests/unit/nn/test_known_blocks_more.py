@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import perfora
+from tests.support.widening import known_pair
 
 T = pytest.importorskip("transformers", reason="transformers not installed")
 
@@ -61,11 +62,7 @@ def _build(name: str) -> tuple[torch.nn.Module, str, dict]:
                                   "gpt_bigcode", "opt", "bart"])
 def test_the_feed_forward_pair_grows_neurons_exactly_and_exports(name):
     model, hidden, extra = _build(name)
-    model = perfora.perforate(model.eval())
-    plan = perfora.plan_widening(model)
-    assert hidden in plan.widenable, plan.refused.get(hidden)
-    reader = plan.layers[hidden].consumers[0][0]
-    assert "residual" in plan.refused[reader]
+    model, reader = known_pair(model, hidden)
     with torch.no_grad():
         before = model(input_ids=IDS, **extra).logits
     width = model.get_submodule(hidden).source.out_features
