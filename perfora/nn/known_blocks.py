@@ -179,14 +179,21 @@ def _bart_like_pair(block: nn.Module, pre: str) -> LayerPlan:
     if gives != reads:
         return refuse(pre + "fc1", f"{pre}fc1 gives {gives} outputs and {pre}fc2 reads "
                                    f"{reads}; pass pairs= if its readers are known", by)
+    extra = _other_state(block, pre, {"fc1", "fc2", "activation_fn", *_BART_LAYER_STATE}, by)
+    return extra or LayerPlan(pre + "fc1", True, consumers=[(pre + "fc2", 1)],
+                              through=[(pre + "activation_fn", -1)], found_by=by)
+
+
+def _other_state(block: nn.Module, pre: str, roles: set[str], by: str) -> LayerPlan | None:
+    """The refusal of ``fc1`` when a child of the block other than ``roles`` holds parameters
+    or buffers (a pattern checked by its parts cannot say what such a child does)."""
     for name, child in block.named_children():
-        if name not in {"fc1", "fc2", "activation_fn", *_BART_LAYER_STATE} and (
-                any(True for _ in child.parameters()) or any(True for _ in child.buffers())):
+        if name not in roles and (any(True for _ in child.parameters())
+                                  or any(True for _ in child.buffers())):
             return refuse(pre + "fc1", f"the block also holds {pre}{name} "
                                        f"({type(child).__name__}), which the {by} pattern does "
                                        "not have; pass pairs= if its readers are known", by)
-    return LayerPlan(pre + "fc1", True, consumers=[(pre + "fc2", 1)],
-                     through=[(pre + "activation_fn", -1)], found_by=by)
+    return None
 
 
 _FUSED = ("a fused gate-and-up projection: its output is split into two halves (gate, up), so "
@@ -225,16 +232,10 @@ def _mix_ffn_pair(block: nn.Module, pre: str) -> LayerPlan:
                                    f"{pre}dwconv.dwconv is {'' if depthwise else 'not '}a "
                                    "depthwise conv of that width; pass pairs= if its readers "
                                    "are known", _MIX_FFN)
-    for name, child in block.named_children():
-        if name not in {"fc1", "dwconv", "activation_fn", "fc2"} and (
-                any(True for _ in child.parameters()) or any(True for _ in child.buffers())):
-            return refuse(pre + "fc1", f"the block also holds {pre}{name} "
-                                       f"({type(child).__name__}), which the {_MIX_FFN} pattern "
-                                       "does not have; pass pairs= if its readers are known",
-                          _MIX_FFN)
-    return LayerPlan(pre + "fc1", True, consumers=[(pre + "fc2", 1)],
-                     through=[(pre + "dwconv.dwconv", 1), (pre + "activation_fn", -1)],
-                     found_by=_MIX_FFN)
+    extra = _other_state(block, pre, {"fc1", "dwconv", "activation_fn", "fc2"}, _MIX_FFN)
+    return extra or LayerPlan(pre + "fc1", True, consumers=[(pre + "fc2", 1)],
+                              through=[(pre + "dwconv.dwconv", 1), (pre + "activation_fn", -1)],
+                              found_by=_MIX_FFN)
 
 
 _CNN_RESIDUAL = ("its output is added into the residual stream of the ResNet stages, which "
