@@ -67,6 +67,8 @@ def _specs(t) -> dict[str, tuple[Callable[[], nn.Module], Callable[[], Inputs]]]
         "bert": (lambda: t.BertModel(t.BertConfig(vocab_size=64, **_LAYERS)), _text),
         "distilbert": (lambda: t.DistilBertModel(t.DistilBertConfig(
             vocab_size=64, dim=32, hidden_dim=64, n_layers=2, n_heads=2)), _text),
+        "albert": (lambda: t.AlbertModel(t.AlbertConfig(vocab_size=64, embedding_size=16,
+                                                        **_LAYERS)), _text),
         "roberta": (lambda: t.RobertaModel(t.RobertaConfig(vocab_size=64, **_LAYERS)), _text),
         "deberta_v2": (lambda: t.DebertaV2Model(t.DebertaV2Config(vocab_size=64, **_LAYERS)),
                        _text),

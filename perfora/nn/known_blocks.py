@@ -1,9 +1,9 @@
-"""The feed-forward pairs of known Transformer blocks (torch's; BERT, DistilBERT; GPT-2, GPT-Neo,
-GPTBigCode, Llama, T5; ViT and CLIP MLPs; GPT-NeoX/Falcon/BLOOM/GPT-J MLPs; OPT and BART-family
-layers; wav2vec 2.0-family feed-forwards; SegFormer's Mix-FFN) and of ConvNeXt blocks: which
-hidden layer gains neurons and what reads it, and refusals for the rest of those blocks (the
-residual width, attention projections). Only the hidden width grows. Also the inverted
-residual blocks of transformers' MobileNetV2, MobileViT and EfficientNet
+"""The feed-forward pairs of known Transformer blocks (torch's; BERT, DistilBERT, ALBERT; GPT-2,
+GPT-Neo, GPTBigCode, Llama, T5; ViT and CLIP MLPs; GPT-NeoX/Falcon/BLOOM/GPT-J MLPs; OPT and
+BART-family layers; wav2vec 2.0-family feed-forwards; SegFormer's Mix-FFN) and of ConvNeXt
+blocks: which hidden layer gains neurons and what reads it, and refusals for the rest of those
+blocks (the residual width, attention projections). Only the hidden width grows. Also the
+inverted residual blocks of transformers' MobileNetV2, MobileViT and EfficientNet
 (:mod:`perfora.nn.inverted_residual`), whose expansion widens through the depthwise conv."""
 
 from __future__ import annotations
@@ -47,6 +47,12 @@ def known_blocks(model: nn.Module) -> list[LayerPlan]:
                 pre + "lin1", True, consumers=[(pre + "lin2", 1)],
                 through=[(pre + "activation", -1)], found_by="DistilBERT feed-forward")))
             out.append(refuse(pre + "lin2", RESIDUAL, "DistilBERT feed-forward"))
+        elif has("ffn", "ffn_output", "activation"):  # ALBERT: its layer runs at every depth
+            out.append(checked_block(m, pre, LayerPlan(
+                pre + "ffn", True, consumers=[(pre + "ffn_output", 1)],
+                through=[(pre + "activation", -1)], found_by="ALBERT layer"),
+                upstream=("attention", "full_layer_layer_norm")))
+            out.append(refuse(pre + "ffn_output", RESIDUAL + " (then LayerNorm)", "ALBERT layer"))
         elif has("intermediate_dense", "intermediate_act_fn", "output_dense"):
             # wav2vec 2.0, HuBERT, WavLM, Data2VecAudio: dense -> act -> dropout -> dense
             out.append(checked_block(m, pre, LayerPlan(

@@ -1,5 +1,6 @@
 """The feed-forward pairs of encoders people fine-tune that no model-wide trace reaches:
-DistilBERT's ``lin1`` -> ``lin2``, ConvNeXt's ``pwconv1`` -> ``pwconv2``, the wav2vec 2.0
+DistilBERT's ``lin1`` -> ``lin2``, ALBERT's ``ffn`` -> ``ffn_output`` (one layer run at every
+depth), ConvNeXt's ``pwconv1`` -> ``pwconv2``, the wav2vec 2.0
 family's ``intermediate_dense`` -> ``output_dense`` and SegFormer's Mix-FFN ``fc1`` -> depthwise
 conv -> ``fc2``. Each grows exactly beside a trained dendrite set, its new neurons are wired to
 the reader, it exports to a plain model with the same outputs (within the float rounding of an
@@ -29,6 +30,12 @@ def _build(name: str) -> tuple[torch.nn.Module, str, dict]:
             vocab_size=64, dim=32, hidden_dim=64, n_layers=2, n_heads=2,
             max_position_embeddings=32)), "transformer.layer.0.ffn.lin1",
             {"input_ids": torch.randint(3, 64, (2, 6))})
+    if name == "albert":  # one layer, run at both depths: the widening serves both
+        return (T.AlbertModel(T.AlbertConfig(
+            vocab_size=64, embedding_size=16, hidden_size=32, num_hidden_layers=2,
+            num_attention_heads=2, intermediate_size=64)),
+            "encoder.albert_layer_groups.0.albert_layers.0.ffn",
+            {"input_ids": torch.randint(3, 64, (2, 6))})
     if name == "convnext":
         return (T.ConvNextModel(T.ConvNextConfig(hidden_sizes=[16, 32], depths=[1, 1],
                                                  num_stages=2)),
@@ -57,7 +64,7 @@ def _grow_a_trained_dendrite_set(model: torch.nn.Module, inputs: dict) -> None:
     controller.optimizer.step()  # the dendrites' output weights leave zero
 
 
-@pytest.mark.parametrize("name", ["distilbert", "convnext", "wav2vec2", "segformer"])
+@pytest.mark.parametrize("name", ["distilbert", "albert", "convnext", "wav2vec2", "segformer"])
 def test_the_feed_forward_pair_grows_neurons_exactly_and_exports(name):
     model, hidden, inputs = _build(name)
     model, reader = known_pair(model, hidden)
