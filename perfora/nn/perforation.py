@@ -120,15 +120,14 @@ def perforate(
 ) -> nn.Module:
     """Wrap the selected modules of ``model`` in place in :class:`DendriticLayer` and return it.
 
-    Selection: ``types`` (default Linear and Conv1d/2d/3d, and Hugging Face's Conv1D, when no
-    other selector is given),
-    class ``names``, dotted ``paths`` and a ``predicate(path, module)``; ``exclude`` (paths
-    or prefixes) and ``exclude_types`` win over them; one string or class alone is a list of
-    one. ``group_norms`` groups a norm layer that directly follows a selected layer inside an
-    ``nn.Sequential`` with it (explicit pairs go in ``groups``). Modules other than
-    Linear/Conv need their neuron axis in ``neuron_axes`` (by path or class name); their
-    neuron count comes from ``num_neurons``, a size attribute or one forward pass of
-    ``example_input``. See :func:`describe` for the report.
+    Selection: ``types`` (when no other selector is given, Linear, Conv1d/2d/3d and Hugging
+    Face's Conv1D), class ``names``, dotted ``paths`` and a ``predicate(path, module)``;
+    ``exclude`` (paths or prefixes) and ``exclude_types`` win over them; one string or class
+    alone is a list of one. ``group_norms`` groups a norm layer that directly follows a
+    selected layer inside an ``nn.Sequential`` with it (explicit pairs go in ``groups``).
+    Modules other than Linear/Conv need their neuron axis in ``neuron_axes`` (by path or class
+    name); their neuron count comes from ``num_neurons``, a size attribute or one forward pass
+    of ``example_input``. See :func:`describe` for the report.
     """
     if not isinstance(model, nn.Module):
         raise PerforationError(f"perforate() needs an nn.Module, got {type(model).__name__}")
