@@ -35,6 +35,11 @@ def _audio() -> Inputs:
     return {"input_values": torch.randn(2, 400, generator=_gen())}
 
 
+def _speech_pair() -> Inputs:
+    return {"input_features": torch.randn(2, 8, 16, generator=_gen()),
+            "decoder_input_ids": torch.randint(3, 60, (2, 4), generator=_gen())}
+
+
 def _gen() -> torch.Generator:
     return torch.Generator().manual_seed(0)
 
@@ -59,6 +64,14 @@ def _specs(t) -> dict[str, tuple[Callable[[], nn.Module], Callable[[], Inputs]]]
         "gemma": (lambda: t.GemmaModel(t.GemmaConfig(vocab_size=64, num_key_value_heads=2,
                                                      head_dim=16, **_LAYERS)), _text),
         "phi": (lambda: t.PhiModel(t.PhiConfig(vocab_size=64, **_LAYERS)), _text),
+        "qwen3": (lambda: t.Qwen3Model(t.Qwen3Config(vocab_size=64, num_key_value_heads=2,
+                                                     head_dim=16, **_LAYERS)), _text),
+        "mixtral": (lambda: t.MixtralModel(t.MixtralConfig(
+            vocab_size=64, num_key_value_heads=2, num_local_experts=2, **_LAYERS)), _text),
+        "falcon": (lambda: t.FalconModel(t.FalconConfig(
+            num_hidden_layers=2, hidden_size=32, num_attention_heads=2, vocab_size=64)), _text),
+        "bloom": (lambda: t.BloomModel(t.BloomConfig(vocab_size=64, hidden_size=32, n_layer=2,
+                                                     n_head=2)), _text),
         "phi3": (lambda: t.Phi3Model(t.Phi3Config(vocab_size=64, num_key_value_heads=2,
                                                   pad_token_id=0, **_LAYERS)), _text),
         "opt": (lambda: t.OPTModel(t.OPTConfig(vocab_size=64, hidden_size=32, ffn_dim=64,
@@ -69,6 +82,12 @@ def _specs(t) -> dict[str, tuple[Callable[[], nn.Module], Callable[[], Inputs]]]
             vocab_size=64, dim=32, hidden_dim=64, n_layers=2, n_heads=2)), _text),
         "albert": (lambda: t.AlbertModel(t.AlbertConfig(vocab_size=64, embedding_size=16,
                                                         **_LAYERS)), _text),
+        "modernbert": (lambda: t.ModernBertModel(t.ModernBertConfig(
+            vocab_size=64, pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1,
+            sep_token_id=2, **_LAYERS)), _text),
+        "mpnet": (lambda: t.MPNetModel(t.MPNetConfig(vocab_size=64, **_LAYERS)), _text),
+        "xlm_roberta": (lambda: t.XLMRobertaModel(t.XLMRobertaConfig(vocab_size=64, **_LAYERS)),
+                        _text),
         "roberta": (lambda: t.RobertaModel(t.RobertaConfig(vocab_size=64, **_LAYERS)), _text),
         "deberta_v2": (lambda: t.DebertaV2Model(t.DebertaV2Config(vocab_size=64, **_LAYERS)),
                        _text),
@@ -77,23 +96,50 @@ def _specs(t) -> dict[str, tuple[Callable[[], nn.Module], Callable[[], Inputs]]]
         "t5": (lambda: t.T5Model(t.T5Config(num_layers=1, d_model=32, d_ff=64, num_heads=2,
                                             d_kv=16, vocab_size=64)), _text_pair),
         "bart": (lambda: t.BartModel(t.BartConfig(**_SEQ2SEQ)), _text_pair),
+        "whisper": (lambda: t.WhisperModel(t.WhisperConfig(
+            num_mel_bins=8, max_source_positions=8, pad_token_id=0, bos_token_id=1,
+            eos_token_id=2, decoder_start_token_id=1, **_SEQ2SEQ)), _speech_pair),
         "vit": (lambda: t.ViTModel(t.ViTConfig(image_size=32, patch_size=8, **_LAYERS)), _image),
+        "deit": (lambda: t.DeiTModel(t.DeiTConfig(image_size=32, patch_size=8, **_LAYERS)),
+                 _image),
+        "beit": (lambda: t.BeitModel(t.BeitConfig(image_size=32, patch_size=8, **_LAYERS)),
+                 _image),
         "dinov2": (lambda: t.Dinov2Model(t.Dinov2Config(
             image_size=32, patch_size=8, num_hidden_layers=2, hidden_size=32,
             num_attention_heads=2)), _image),
+        "siglip_vision": (lambda: t.SiglipVisionModel(t.SiglipVisionConfig(
+            image_size=32, patch_size=8, **_LAYERS)), _image),
         "clip_vision": (lambda: t.CLIPVisionModel(t.CLIPVisionConfig(
             image_size=32, patch_size=8, **_LAYERS)), _image),
         "swin": (lambda: t.SwinModel(t.SwinConfig(image_size=32, patch_size=4, embed_dim=16,
                                                   depths=[1, 1], num_heads=[2, 2],
                                                   window_size=4)), _image),
+        "swinv2": (lambda: t.Swinv2Model(t.Swinv2Config(
+            image_size=32, patch_size=4, embed_dim=16, depths=[1, 1], num_heads=[2, 2],
+            window_size=4)), _image),
         "convnext": (lambda: t.ConvNextModel(t.ConvNextConfig(hidden_sizes=[16, 32],
                                                               depths=[1, 1], num_stages=2)),
                      _image),
+        "convnextv2": (lambda: t.ConvNextV2Model(t.ConvNextV2Config(
+            hidden_sizes=[16, 32], depths=[1, 1], num_stages=2)), _image),
+        "levit": (lambda: t.LevitModel(t.LevitConfig(
+            image_size=32, hidden_sizes=[16, 32, 48], num_attention_heads=[1, 2, 3],
+            depths=[1, 1, 1], key_dim=[8, 8, 8], patch_size=16)), _image),
+        "poolformer": (lambda: t.PoolFormerModel(t.PoolFormerConfig(
+            hidden_sizes=[16, 32, 32, 32], depths=[1, 1, 1, 1])), _image),
+        "regnet": (lambda: t.RegNetModel(t.RegNetConfig(
+            embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], groups_width=8)), _image),
         "resnet": (lambda: t.ResNetModel(t.ResNetConfig(embedding_size=16, hidden_sizes=[16, 32],
                                                         depths=[1, 1], layer_type="basic")),
                    _image),
         "mobilenet_v2": (lambda: t.MobileNetV2Model(t.MobileNetV2Config(
             image_size=32, depth_multiplier=0.25)), _image),
+        "efficientnet": (lambda: t.EfficientNetModel(t.EfficientNetConfig(
+            image_size=32, width_coefficient=0.25, depth_coefficient=0.2, hidden_dim=320)),
+            _image),
+        "mobilevit": (lambda: t.MobileViTModel(t.MobileViTConfig(
+            image_size=32, hidden_sizes=[16, 24, 32], neck_hidden_sizes=[8, 8, 16, 16, 24, 24,
+                                                                          64])), _image),
         "segformer": (lambda: t.SegformerModel(t.SegformerConfig(
             num_encoder_blocks=2, depths=[1, 1], sr_ratios=[2, 1], hidden_sizes=[16, 32],
             num_attention_heads=[1, 2], strides=[4, 2], patch_sizes=[7, 3],
