@@ -130,6 +130,19 @@ def test_ddp_grows_neurons_with_ranks_identical(tmp_path, script_server):
     assert max_diff(r0["params"], r1["params"]) == 0.0
 
 
+@pytest.mark.timeout(300)
+def test_ddp_grows_neurons_through_group_and_instance_norms_with_ranks_identical(tmp_path,
+                                                                                script_server):
+    run_fit(tmp_path, "--strategy", "ddp", "--max-epochs", "7", "--growth", "neurons",
+            "--net", "normed-cnn", server=script_server)
+    r0, r1 = record(tmp_path, "rank0"), record(tmp_path, "rank1")
+    assert r0["events"].count("restructure") == 2, r0["events"]
+    assert r0["widths"] == r1["widths"] == {"net.1": 18, "net.4": 24, "net.8": 10}
+    assert r0["params"]["net.2.weight"].shape == (18,)  # the GroupNorm: 3 groups of 2 -> 9
+    assert r0["params"]["net.8.base.weight"].shape == (10, 24 * 64)  # through the flatten
+    assert max_diff(r0["params"], r1["params"]) == 0.0
+
+
 @pytest.mark.xdist_group("negative_control")
 @pytest.mark.slow
 @pytest.mark.timeout(300)

@@ -32,12 +32,23 @@ def digits_loaders(batch_size: int) -> tuple[DataLoader, DataLoader]:
             DataLoader(val, batch_size=200))
 
 
+def normed_cnn() -> nn.Sequential:
+    """A CNN on the 8x8 images whose convs feed a GroupNorm (groups of 2) and an
+    InstanceNorm: neuron steps widen through both."""
+    return nn.Sequential(nn.Unflatten(1, (1, 8, 8)), nn.Conv2d(1, 6, 3, padding=1),
+                         nn.GroupNorm(3, 6), nn.ReLU(), nn.Conv2d(6, 8, 3, padding=1),
+                         nn.InstanceNorm2d(8, affine=True), nn.ReLU(), nn.Flatten(),
+                         nn.Linear(8 * 64, 10))
+
+
 class DigitsNet(pl.LightningModule):
     """A small MLP; ``shard`` applies perfora.shard_fsdp2 under ModelParallelStrategy."""
 
-    def __init__(self, hidden: int = 16, lr: float = 0.01, shard: bool | str = False) -> None:
+    def __init__(self, hidden: int = 16, lr: float = 0.01, shard: bool | str = False,
+                 net: str = "mlp") -> None:
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(64, hidden), nn.ReLU(), nn.Linear(hidden, 10))
+        self.net = normed_cnn() if net == "normed-cnn" else \
+            nn.Sequential(nn.Linear(64, hidden), nn.ReLU(), nn.Linear(hidden, 10))
         self.lr, self.shard = lr, shard
 
     def configure_model(self) -> None:
@@ -156,7 +167,7 @@ def evaluate_checkpoints(args: argparse.Namespace, trainer: pl.Trainer, model: D
     out["validate_last"] = state(model, trainer.validate(model, val, ckpt_path=str(last),
                                                          verbose=False))
     shard, strategy = make_strategy(args)
-    fresh = DigitsNet(shard=shard)
+    fresh = DigitsNet(shard=shard, net=args.net)
     fresh_trainer = pl.Trainer(accelerator=args.accelerator, devices=args.devices,
                                strategy=strategy, logger=False, enable_progress_bar=False,
                                enable_model_summary=False, default_root_dir=str(ckpts.parent),
@@ -195,6 +206,7 @@ def main() -> None:
     ap.add_argument("--grow-fraction", type=float, default=None)
     ap.add_argument("--dendrite-init", default=None)
     ap.add_argument("--growth", default="dendrites", help="dendrites, neurons or auto")
+    ap.add_argument("--net", default="mlp", help="mlp, or normed-cnn (GroupNorm, InstanceNorm)")
     ap.add_argument("--evaluate-checkpoints", action="store_true",
                     help="after fit (with --save-every-epoch): test, validate and test in a "
                          "fresh Trainer with checkpoints of other structures")
@@ -205,7 +217,7 @@ def main() -> None:
     pl.seed_everything(7, workers=True)
 
     shard, strategy = make_strategy(args)
-    model = DigitsNet(shard=shard)
+    model = DigitsNet(shard=shard, net=args.net)
     growth_cls = GrowthWithoutRewrap if args.no_rewrap else DendriteGrowth
     chosen = {k: v for k, v in (("grow_fraction", args.grow_fraction),
                                 ("dendrite_init", args.dendrite_init),
