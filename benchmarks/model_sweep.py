@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import json
 import sys
 import time
@@ -112,7 +113,7 @@ def builder(spec: str, device: torch.device) -> Subject:
         extra = {"aux_logits": False, "init_weights": True} if name == "googlenet" else {}
         build, size = (lambda: getattr(tvm, name)(weights=None, num_classes=3, **extra)), 96
     else:
-        build = lambda: _torch_nn(name)  # noqa: E731
+        build = functools.partial(_torch_nn, name)
     x = torch.randn(2, 3, size, size, generator=torch.Generator().manual_seed(0)).to(device)
     y = torch.tensor([0, 2], device=device)
     return Subject(build, lambda m: _logits(m(x)),
@@ -241,6 +242,9 @@ def main(argv: list[str] | None = None) -> None:
     specs = args.models.split(",") if args.models else available_models()
     if specs == ["hf"]:
         specs = [f"hf:{n}" for n in _hf_names()]
+        if not specs:
+            raise SystemExit("--models hf: transformers does not import here; "
+                             "pip install transformers")
     for spec in specs:
         check_spec(spec)
     rows = []

@@ -232,8 +232,8 @@ def _select(module: nn.Module, prefix: str, types: tuple, names: set, paths: set
                                   "then routes the attention output through it)"))
             continue
         if hit and path not in paths and parametrized_inside(child):
-            skipped.append((path, f"{PARAMETRIZED}; remove the parametrization to grow it, "
-                                  "or name it in paths= to be told how"))
+            skipped.append((path, f"{PARAMETRIZED}; remove the parametrization to grow it "
+                                  "(torch.nn.utils.parametrize.remove_parametrizations)"))
             continue
         if hit and path not in paths and id(child) in ties:
             skipped.append((path, tie_reason(path, ties[id(child)])))

@@ -49,3 +49,10 @@ def test_hugging_face_models_pass_every_stage_and_widen_their_feed_forwards(tmp_
         assert row["stage"] == "done" and "error" not in row, row
         assert row["grow_output_change"] == 0 and row["widen_output_change"] == 0, row
     assert [rows[m]["widenable"] for m in models.split(",")] == ["2/12", "2/15", "1/10"]
+
+
+def test_an_unknown_hugging_face_model_is_refused_with_the_names(tmp_path, script_server):
+    pytest.importorskip("transformers")
+    proc = script_server.run(SCRIPT, "--models", "hf:gpt9", cwd=tmp_path, timeout=120)
+    assert proc.codes[0] != 0
+    assert "unknown model 'hf:gpt9'" in proc.log() and "hf:NAME (gpt2, " in proc.log()
