@@ -74,6 +74,8 @@ def _specs(t) -> dict[str, tuple[Callable[[], nn.Module], Callable[[], Inputs]]]
                                                      n_head=2)), _text),
         "phi3": (lambda: t.Phi3Model(t.Phi3Config(vocab_size=64, num_key_value_heads=2,
                                                   pad_token_id=0, **_LAYERS)), _text),
+        "glm": (lambda: t.GlmModel(t.GlmConfig(vocab_size=64, num_key_value_heads=2,
+                                               head_dim=16, pad_token_id=0, **_LAYERS)), _text),
         "opt": (lambda: t.OPTModel(t.OPTConfig(vocab_size=64, hidden_size=32, ffn_dim=64,
                                                num_hidden_layers=2, num_attention_heads=2,
                                                word_embed_proj_dim=32)), _text),

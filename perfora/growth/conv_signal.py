@@ -130,7 +130,8 @@ def conv_pair(root: nn.Module, entry: LayerPlan) -> ConvPair | None:
     """The :class:`ConvPair` of a plan entry whose producer is a zero-padded, ungrouped conv
     read by one ungrouped conv of the same kind or one Linear (after a flatten), through
     elementwise modules, dropout, BatchNorm and pooling only; None otherwise (random rows)."""
-    if not entry.widenable or entry.partners or len(entry.consumers) != 1:
+    if not entry.widenable or entry.partners or entry.chunks > 1 \
+            or len(entry.consumers) != 1:
         return None
     producer = core_layer(root.get_submodule(entry.path))
     reader_path, repeat = entry.consumers[0]

@@ -151,10 +151,12 @@ def reduce_signal(signal: WideningSignal | None, model: nn.Module,
     return signal.reduced(shapes)
 
 
-def step_size(layer: nn.Module, config: PerforaConfig, multiple: int = 1) -> int:
+def step_size(layer: nn.Module, config: PerforaConfig, multiple: int = 1,
+              chunks: int = 1) -> int:
     """Neurons one step adds to ``layer``: ``neurons_per_step`` of its starting width,
-    rounded up to a ``multiple`` (a GroupNorm's group size on the way)."""
-    k = max(1, int(config.neurons_per_step * start_width(layer) + 0.5))
+    rounded up to a ``multiple`` (a GroupNorm's group size on the way); a fused gate-and-up
+    layer's width is its rows over its ``chunks``."""
+    k = max(1, int(config.neurons_per_step * start_width(layer) / chunks + 0.5))
     return -(-k // multiple) * multiple
 
 
@@ -170,7 +172,8 @@ def widen_layers(model: nn.Module, config: PerforaConfig, state: ControllerState
         opened = scope(targets[path]) if scope is not None else contextlib.nullcontext(inner)
         with opened as root:
             layer = root.get_submodule(path)
-            k = step_size(layer, config, neuron_multiple(root, targets[path]))
+            k = step_size(layer, config, neuron_multiple(root, targets[path]),
+                          targets[path].chunks)
             seed = zlib.crc32(f"{config.seed}:{state.additions}:{path}:neurons".encode())
             gen = torch.Generator().manual_seed(seed)
             init, how = None, "random"

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..nn.chunked import stored_order
 from ..nn.kernels import functorch_active, vmapped
 from ..nn.layers import DendriticLayer
 from .compile_room import HookRecompiles
@@ -50,7 +51,8 @@ def input_rows(layer: DendriticLayer, x: torch.Tensor) -> torch.Tensor | None:
 def error_rows(layer: DendriticLayer, grad: torch.Tensor) -> torch.Tensor:
     """The output gradient as rows of one value per neuron, in the order of input_rows."""
     axis = layer.neuron_axis % grad.dim()
-    return grad.detach().movedim(axis, -1).reshape(-1, layer.num_neurons)
+    grad = stored_order(layer.source, grad.detach(), axis)  # a fused gate-and-up layer
+    return grad.movedim(axis, -1).reshape(-1, layer.num_neurons)
 
 
 MAX_VALUES_PER_LAYER = 4_000_000

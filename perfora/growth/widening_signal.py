@@ -37,7 +37,8 @@ def _dense(module: nn.Module) -> bool:
 
 def pairs_rows(root: nn.Module, entry: LayerPlan) -> bool:
     """True when the producer's input rows and its one consumer's output rows pair up."""
-    if not entry.widenable or entry.partners or len(entry.consumers) != 1:
+    if not entry.widenable or entry.partners or entry.chunks > 1 \
+            or len(entry.consumers) != 1:
         return False
     consumer, repeat = entry.consumers[0]
     return repeat == 1 and _dense(root.get_submodule(entry.path)) \

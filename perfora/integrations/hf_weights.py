@@ -15,7 +15,7 @@ from torch import nn
 from ..checkpoint.files import read_regular_file
 from ..checkpoint.schema import MAX_HEADER_BYTES
 from ..errors import CheckpointError
-from ..nn.widening import widen_to_saved
+from ..nn.saved_widths import widen_to_saved
 from ._common import perforate_once
 
 

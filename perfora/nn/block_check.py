@@ -20,6 +20,7 @@ from .plan_types import LayerPlan, refuse, width_of
 
 _PRODUCTS = {operator.mul, torch.mul}
 _PASS_FUNCTIONS = {F.dropout}
+_ITEM = operator.getitem
 
 
 class _ChildrenAsLeaves(torch.fx.Tracer):
@@ -52,7 +53,7 @@ def _mismatch(block: nn.Module, pre: str, entry: LayerPlan, upstream: set[str]) 
     reads = width_of(block.get_submodule(consumer), "in")
     for name in producers:
         gives = width_of(block.get_submodule(name), "out")
-        if gives != reads:
+        if gives != reads * entry.chunks:
             return f"{pre}{name} gives {gives} outputs and {pre}{consumer} reads {reads}"
     roles = {*producers, consumer, *through, *upstream}
     for name, child in block.named_children():
@@ -64,16 +65,19 @@ def _mismatch(block: nn.Module, pre: str, entry: LayerPlan, upstream: set[str]) 
     except Exception:  # noqa: BLE001 - an untraceable block is judged by names and widths
         return None
     for name in producers:
-        why = _path_to_consumer(graph, name, consumer, through, gated=len(producers) > 1)
+        why = _path_to_consumer(graph, name, consumer, through,
+                                gated=len(producers) > 1 or entry.chunks > 1,
+                                chunks=entry.chunks)
         if why:
             return f"{pre}{name}'s output {why}"
     return None
 
 
 def _path_to_consumer(graph: torch.fx.Graph, name: str, consumer: str, through: set[str],
-                      gated: bool) -> str | None:
+                      gated: bool, chunks: int = 1) -> str | None:
     """Why ``name``'s output does not go only to ``consumer`` (through ``through`` and, when
-    ``gated``, a product), or None."""
+    ``gated``, a product; when ``chunks`` > 1, a ``chunk`` into that many parts on the last
+    axis and its items), or None."""
     calls = [n for n in graph.nodes if n.op == "call_module" and n.target == name]
     if len(calls) != 1:
         return f"is computed {len(calls)} times"
@@ -85,10 +89,23 @@ def _path_to_consumer(graph: torch.fx.Graph, name: str, consumer: str, through: 
             continue
         passes = (node.op == "call_module" and node.target in through
                   or node.op == "call_function" and (node.target in _PASS_FUNCTIONS
-                                                     or gated and node.target in _PRODUCTS))
+                                                     or gated and node.target in _PRODUCTS
+                                                     or chunks > 1 and node.target is _ITEM)
+                  or chunks > 1 and _chunks_last_axis(node, chunks))
         if not passes:
             what = "the block's output" if node.op == "output" else \
                 f"{getattr(node.target, '__name__', node.target)} ({node.op})"
             return f"also goes to {what}"
         todo.extend(node.users)
     return None if reached else f"does not reach {consumer}"
+
+
+def _chunks_last_axis(node: torch.fx.Node, chunks: int) -> bool:
+    """True for ``t.chunk(chunks, dim=-1)`` (or ``torch.chunk``) on the layer's output."""
+    if not (node.op == "call_method" and node.target == "chunk"
+            or node.op == "call_function" and node.target is torch.chunk):
+        return False
+    args = list(node.args[1:]) + [None, None]
+    count = node.kwargs.get("chunks", args[0])
+    dim = node.kwargs.get("dim", args[1] if args[1] is not None else 0)
+    return count == chunks and dim == -1

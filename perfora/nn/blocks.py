@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import PerforationError
+from .chunked import forward_index, forward_order
 
 BN_TYPES = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
 IN_TYPES = (nn.InstanceNorm1d, nn.InstanceNorm2d, nn.InstanceNorm3d)
@@ -165,7 +166,8 @@ class BlockedLayer:
             if isinstance(self, nn.Linear) or is_hf_conv1d(self):  # type: ignore[arg-type]
                 return per_rows(self, x)
             return per_component(self, x)
-        return self.blocked_call(x, self.weight, self.bias)  # type: ignore[attr-defined]
+        y = self.blocked_call(x, self.weight, self.bias)  # type: ignore[attr-defined]
+        return forward_order(self, y) if getattr(self, "out_chunks", 1) > 1 else y
 
     def blocks(self) -> tuple[list[int], list[int]]:
         """(output blocks, input blocks), each one block of the full size when not widened."""
@@ -406,8 +408,9 @@ def plain_modules(model: nn.Module) -> nn.Module:
     float rounding, no longer to the bit). Returns ``model`` (or the unwrapped root)."""
     for module in list(model.modules()):
         if isinstance(module, BlockedLayer | BlockedNorm):
+            _rows_in_forward_order(module)
             module.__class__ = type(module).plain_class
-            for attr in ("out_blocks", "in_blocks"):
+            for attr in ("out_blocks", "in_blocks", "out_chunks"):
                 module.__dict__.pop(attr, None)
     for name, module in sorted(model.named_modules(), key=lambda kv: -len(kv[0])):
         if isinstance(module, Blockwise):
@@ -421,6 +424,19 @@ def plain_modules(model: nn.Module) -> nn.Module:
                 del parent._modules[attr]
                 setattr(parent, attr, module.fn)
     return model
+
+
+def _rows_in_forward_order(module: nn.Module) -> None:
+    """A widened fused gate-and-up layer's rows put in the order its output is read, so the
+    plain layer computes what the blocked one did (:mod:`perfora.nn.chunked`)."""
+    index = forward_index(module)
+    if index is None:
+        return
+    dim = 1 if is_hf_conv1d(module) else 0
+    with torch.no_grad():
+        module.weight.copy_(module.weight.index_select(dim, index.to(module.weight.device)))
+        if module.bias is not None:
+            module.bias.copy_(module.bias.index_select(0, index.to(module.bias.device)))
 
 
 def without_last_block(blocks: list[int] | None, k: int, where: str) -> list[int]:

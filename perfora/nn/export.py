@@ -23,12 +23,13 @@ from torch import nn
 
 from ..errors import ExportError
 from .blocks import plain_modules
+from .chunked import forward_index
 from .export_config import grown_widths, update_exported_config
 from .layers import DendriticLayer, dendritic_layers, unwrap_model
 from .plain_keys import remove_plain_key_hook
 from .resize_head import remove_resize_hook
+from .saved_widths import remove_width_hook
 from .tied import rename_tied_keys
-from .widening import remove_width_hook
 
 _ACTIVATION_FUNCTIONS = {"sigmoid": torch.sigmoid, "tanh": torch.tanh, "relu": F.relu}
 
@@ -58,11 +59,13 @@ def export(model: nn.Module) -> nn.Module:
     ``n_inner``, ``d_ff``), so ``save_pretrained`` and ``from_pretrained`` round-trip; where
     layers grew to different widths no config can say so, and ``export`` warns."""
     inner = unwrap_model(model)
-    exported = plain_modules(_copy_model(inner))  # widened layers: one plain call each
+    copied = _copy_model(inner)
+    orders = {path: forward_index(layer.source) for path, layer in dendritic_layers(copied).items()}
+    exported = plain_modules(copied)  # widened layers: one plain call each
     for path, layer in sorted(dendritic_layers(exported).items(), key=lambda kv: -len(kv[0])):
         # the copy's own base, not a copy of it: a weight tied to another module (a tied
         # lm_head named in paths=) stays that module's Parameter, as in the live model
-        replacement = export_layer(layer, copy_base=False)
+        replacement = export_layer(layer, copy_base=False, order=orders.get(path))
         parent_path, _, name = path.rpartition(".")
         parent = exported.get_submodule(parent_path) if parent_path else exported
         setattr(parent, name, replacement)
@@ -78,12 +81,15 @@ def export(model: nn.Module) -> nn.Module:
     return exported.eval()
 
 
-def export_layer(layer: DendriticLayer, copy_base: bool = True) -> nn.Module:
+def export_layer(layer: DendriticLayer, copy_base: bool = True,
+                 order: torch.Tensor | None = None) -> nn.Module:
     """One dendritic layer as plain torch: its base layer, or a traced GraphModule
-    (``copy_base=False``: holding the layer's own base module, not a copy of it)."""
+    (``copy_base=False``: holding the layer's own base module, not a copy of it). ``order``:
+    for a widened fused gate-and-up layer whose base rows were put in forward order, the row
+    each output came from (its dendrites are in the rows' stored order)."""
     if layer.num_dendrites == 0:
         return copy.deepcopy(layer.base) if copy_base else layer.base
-    computation = _DendriteComputation(layer, copy_base)
+    computation = _DendriteComputation(layer, copy_base, order)
     graph = torch.fx.Tracer().trace(computation)
     exported = torch.fx.GraphModule(computation, graph, class_name="ExportedDendriticLayer")
     _answer_like_the_base(exported, exported.get_submodule("base"))
@@ -113,8 +119,14 @@ def _answer_like_the_base(exported: nn.Module, base: nn.Module) -> None:
 class _DendriteComputation(nn.Module):
     """The inference computation of one layer, written to be traced by torch.fx."""
 
-    def __init__(self, layer: DendriticLayer, copy_base: bool = True) -> None:
+    def __init__(self, layer: DendriticLayer, copy_base: bool = True,
+                 order: torch.Tensor | None = None) -> None:
         super().__init__()
+        self.reorder = order is not None  # the base's outputs to the dendrites' order, and back
+        if order is not None:
+            device = layer.source.weight.device
+            self.register_buffer("to_forward", order.to(device))
+            self.register_buffer("to_stored", torch.argsort(order).to(device))
         state = layer.state_dict()  # the merged form: a candidate trained apart is put back
         k, n = layer.num_dendrites, layer.num_neurons
         self.k, self.act = k, _ACTIVATION_FUNCTIONS[layer.activation]
@@ -207,9 +219,13 @@ class _DendriteComputation(nn.Module):
         y = self.base(x)
         if self._last():
             y = y.movedim(self.axis, -1)
+        if self.reorder:
+            y = y.index_select(-1, self.to_stored)
         pre = self._pre_activations(x)
         out = self._mix_full(pre, y) if self.neurons is None else self._mix_partial(pre, y)
         out = out.to(y.dtype)  # the base's dtype, as the live layer keeps it (autocast)
+        if self.reorder:
+            out = out.index_select(-1, self.to_forward)
         return out.movedim(-1, self.axis) if self._last() else out
 
     def _mix_full(self, pre: list, y: torch.Tensor) -> torch.Tensor:

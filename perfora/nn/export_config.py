@@ -30,13 +30,15 @@ def grown_widths(model: nn.Module) -> dict[str, tuple[int, int]]:
     from the widenings recorded on the producers (a partner, Llama's up_proj, widens with
     its producer: a widening of either counts for both)."""
     added: dict[str, int] = {}
+    chunks: dict[str, int] = {}  # a fused gate-and-up layer: rows per neuron
     for path, module in model.named_modules():
         for event in getattr(module, "widenings", None) or []:
             for target in [path, *event.get("partners", [])]:
                 added[target] = added.get(target, 0) + int(event["k"])
+                chunks[target] = int(event.get("chunks", 1))
     out = {}
     for path, k in added.items():
-        now = width_of(model.get_submodule(path), "out")
+        now = width_of(model.get_submodule(path), "out") // chunks[path]
         out[path] = (now - k, now)
     return out
 

@@ -1,10 +1,11 @@
 """The feed-forward pairs of known Transformer blocks (torch's; BERT, DistilBERT, ALBERT; GPT-2,
-GPT-Neo, GPTBigCode, Llama, T5; ViT and CLIP MLPs; GPT-NeoX/Falcon/BLOOM/GPT-J MLPs; OPT and
-BART-family layers; wav2vec 2.0-family feed-forwards; SegFormer's Mix-FFN) and of ConvNeXt
-blocks: which hidden layer gains neurons and what reads it, and refusals for the rest of those
-blocks (the residual width, attention projections). Only the hidden width grows. Also the
-inverted residual blocks of transformers' MobileNetV2, MobileViT and EfficientNet
-(:mod:`perfora.nn.inverted_residual`), whose expansion widens through the depthwise conv."""
+GPT-Neo, GPTBigCode, Llama, T5; the fused gate-and-up projections of Phi-3, GLM and ModernBERT;
+ViT and CLIP MLPs; GPT-NeoX/Falcon/BLOOM/GPT-J MLPs; OPT and BART-family layers; wav2vec
+2.0-family feed-forwards; SegFormer's Mix-FFN) and of ConvNeXt blocks: which hidden layer gains
+neurons and what reads it, and refusals for the rest of those blocks (the residual width,
+attention projections). Only the hidden width grows. Also the inverted residual blocks of
+transformers' MobileNetV2, MobileViT and EfficientNet (:mod:`perfora.nn.inverted_residual`),
+whose expansion widens through the depthwise conv."""
 
 from __future__ import annotations
 
@@ -114,8 +115,11 @@ def known_blocks(model: nn.Module) -> list[LayerPlan]:
                     through=[(pre + "act_fn", -1)], partners=[pre + other],
                     found_by="Llama MLP")))
             out.append(refuse(pre + "down_proj", RESIDUAL, "Llama MLP"))
-        elif (fused := _fused_gated_pair(m)) is not None:  # Phi-3, ModernBERT
-            out.append(refuse(pre + fused[0], _FUSED, "fused gated MLP"))
+        elif (fused := _fused_gated_pair(m)) is not None:  # Phi-3, GLM, ModernBERT
+            out.append(checked_block(m, pre, LayerPlan(
+                pre + fused[0], True, consumers=[(pre + fused[1], 1)],
+                through=_present(m, pre, "activation_fn", "act", "drop"), chunks=2,
+                found_by="fused gated MLP")))
             out.append(refuse(pre + fused[1], RESIDUAL, "fused gated MLP"))
         elif (residual := _resnet_residual_writers(m, pre)) is not None:  # HF ResNet
             out.extend(refuse(path, _CNN_RESIDUAL, "ResNet residual") for path in residual)
@@ -202,16 +206,10 @@ def _other_state(block: nn.Module, pre: str, roles: set[str], by: str) -> LayerP
     return None
 
 
-_FUSED = ("a fused gate-and-up projection: its output is split into two halves (gate, up), so "
-          "each new neuron would need a row in the middle of its weight and one at the end, "
-          "and neuron growth only appends rows; such a layer keeps its width (it can still "
-          "grow dendrites)")
-
-
 def _fused_gated_pair(block: nn.Module) -> tuple[str, str] | None:
     """(fused projection, reader) of a gated MLP whose gate and up projections are one layer,
-    chunked in its forward (Phi-3's ``gate_up_proj``, ModernBERT's ``Wi``): the layer gives
-    twice the reader's inputs."""
+    chunked in halves in its forward (Phi-3's and GLM's ``gate_up_proj``, ModernBERT's
+    ``Wi``): the layer gives twice the reader's inputs."""
     for fused, reader in (("gate_up_proj", "down_proj"), ("Wi", "Wo")):
         layers = getattr(block, fused, None), getattr(block, reader, None)
         if all(layer is not None and is_producer(layer) for layer in layers) and \

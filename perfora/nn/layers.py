@@ -47,6 +47,7 @@ from torch import nn
 from ..errors import PerforationError
 from .block_mix import mix_by_blocks, mix_from_pre, widened_blocks
 from .candidate import CANDIDATE_NAMES, CandidateApart, merged_state_hook
+from .chunked import forward_order, stored_order
 from .kernels import functorch_active
 from .param_groups import PARAM_GROUPS, ParameterGroups
 from .plain_keys import adopt_plain_keys
@@ -373,6 +374,8 @@ class DendriticLayer(ParameterGroups, CandidateApart, nn.Module):
                 f"{type(y).__name__}. Perforate the layers inside it instead")
         if self.num_dendrites == 0:
             return y
+        y = stored_order(self.source, y, self.neuron_axis)  # a fused gate-and-up layer's
+        # dendrites feed its neurons in the rows' order (chunked.py): back to it, and after
         shape = self._neuron_shape(y.ndim)
         out, dendrites = self._mix(x, y, shape) if self.banked else (y, [])
         if self.has_candidate and self.candidate_tap is not None and torch.is_grad_enabled() \
@@ -385,7 +388,8 @@ class DendriticLayer(ParameterGroups, CandidateApart, nn.Module):
                     "loss.backward(), or use rule='gd'")
             out = self.candidate_tap(out, self._candidate_output(x, dendrites, shape))
         # under autocast a bf16 output meets float32 v rows: the output keeps the base's dtype
-        return out if out.dtype == y.dtype else out.to(y.dtype)
+        out = out if out.dtype == y.dtype else out.to(y.dtype)
+        return forward_order(self.source, out, self.neuron_axis)
 
     def _mix(self, x: torch.Tensor, y: torch.Tensor,
              shape: list[int]) -> tuple[torch.Tensor, list[torch.Tensor]]:

@@ -2,11 +2,12 @@
 columns, so a rewind to a narrower best model can load that model's weights in place.
 
 Each widening (``layer.widenings``, see :mod:`perfora.nn.widening`) appended one block: k
-rows to the producer (and its partners), k (times a repeat) input columns to each consumer, k
-channels to a channel norm on the way, one block to a :class:`Blockwise` wrapper. Narrowing drops
-the last block of each, newest widening first; a wrapper left with one block gives back the
-module or function it wrapped. The values kept are the old ones (the caller loads the saved
-weights afterwards); the shapes are those the layer had before the widening.
+rows to the producer (and its partners; 2k to a fused gate-and-up layer), k (times a repeat)
+input columns to each consumer, k channels to a channel norm on the way, one block to a
+:class:`Blockwise` wrapper. Narrowing drops the last block of each, newest widening first; a
+wrapper left with one block gives back the module or function it wrapped. The values kept are
+the old ones (the caller loads the saved weights afterwards); the shapes are those the layer
+had before the widening.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ def _undo(root: nn.Module, path: str, event: dict[str, Any]) -> None:
     """Undo one widening event of the producer at ``path`` (producers, consumers, through)."""
     k = int(event["k"])
     for producer in [path, *event.get("partners", [])]:
-        _shrink_producer(root.get_submodule(producer), k, producer)
+        _shrink_producer(root.get_submodule(producer), k * int(event.get("chunks", 1)), producer)
     for consumer, repeat in event.get("consumers", []):
         _shrink_consumer(root.get_submodule(consumer), k * int(repeat), consumer)
     for through, _axis in event.get("through", []):

@@ -29,9 +29,10 @@ from .refusals import (
     refuse_unsupported,
 )
 from .resize_head import add_resize_hook
+from .saved_widths import add_width_hook
 from .selectors import check_consistent, module_types, string_list
 from .tied import rename_tied_keys, tie_reason, tied_modules
-from .widening import add_width_hook, replay_widenings
+from .widening import replay_widenings
 
 log = logging.getLogger("perfora")
 

@@ -35,7 +35,9 @@ class LayerPlan:
     ``consumers``: (path, repeat) of each layer that gains ``k * repeat`` zero input columns
     (repeat is the spatial size after a Flatten, else 1); ``through``: (path, axis) of each
     BatchNorm (gains channels) or stateless module/function (applied block by block) between
-    them; ``partners``: layers widened together with this one (Llama's gate and up)."""
+    them; ``partners``: layers widened together with this one (Llama's gate and up);
+    ``chunks``: the number of equal parts the block cuts the layer's output into (a fused gate
+    and up projection: 2), each neuron a row in every part (:mod:`perfora.nn.chunked`)."""
 
     path: str
     widenable: bool
@@ -44,6 +46,7 @@ class LayerPlan:
     through: list[tuple[str, int]] = field(default_factory=list)
     partners: list[str] = field(default_factory=list)
     found_by: str = ""
+    chunks: int = 1
 
 
 @dataclass

@@ -41,7 +41,7 @@ from .blocks import (
 )
 from .consumers import LayerPlan, plan_widening
 from .generic_widening import grow_generic_inputs, grow_generic_outputs
-from .layers import DendriticLayer, dendritic_layers, unwrap_model
+from .layers import DendriticLayer, unwrap_model
 from .narrowing import change_neuron_count, narrow_widenings
 from .norm_widening import neuron_multiple, widen_norm
 from .plan_types import WIDTH_EXACT, is_grouped_conv
@@ -97,7 +97,8 @@ def widen(model: nn.Module, layer: str | LayerPlan, k: int,
     and its consumers k zero input columns, leaving the model's output unchanged.
 
     ``init``: the new incoming weights, [k, *weight.shape[1:]] (or [k, in] flattened; for
-    Llama's gate and up projections, a mapping from path to tensor); random when omitted.
+    Llama's gate and up projections, a mapping from path to tensor; for a fused gate-and-up
+    layer, [2k, in]: the k gate rows, then the k up rows); random when omitted.
     Raises :class:`PerforationError` (before anything changes) when the layer cannot be
     widened, saying why (also for a ``k`` that is not a multiple of the group size of a
     GroupNorm on the way). Returns the plan entry that was applied."""
@@ -122,20 +123,23 @@ def widen(model: nn.Module, layer: str | LayerPlan, k: int,
         raise PerforationError(f"widen(): {entry.path!r} gains neurons in multiples of "
                                f"{multiple} (a GroupNorm it feeds normalises groups of that "
                                f"many channels), not {k}")
-    producers = [entry.path, *entry.partners]
+    producers, rows = [entry.path, *entry.partners], k * entry.chunks
     inits = _split_init(init, producers)
     for path in producers:  # check every shape before changing anything
-        _check_init(inner.get_submodule(path), inits[path], k, path)
-    width = sum(_blocks_of(_core(inner.get_submodule(entry.path)))[0])
+        _check_init(inner.get_submodule(path), inits[path], rows, path)
+    width = sum(_blocks_of(_core(inner.get_submodule(entry.path)))[0]) // entry.chunks
     for path in producers:
-        widen_producer(inner.get_submodule(path), k, inits[path], generator)
+        widen_producer(inner.get_submodule(path), rows, inits[path], generator)
+        if entry.chunks > 1:  # its output is put in the order the block reads (chunked.py)
+            _core(inner.get_submodule(path)).out_chunks = entry.chunks
     for path, repeat in entry.consumers:
         widen_consumer(inner.get_submodule(path), k * repeat)
     for path, axis in entry.through:
         _widen_through(inner, path, axis, k, width, generator)
     record = getattr(inner.get_submodule(entry.path), "widenings", None)
     event = {"k": k, **{key: value for key, value in asdict(entry).items()
-                        if key in ("consumers", "through", "partners")}}
+                        if key in ("consumers", "through", "partners")},
+             **({"chunks": entry.chunks} if entry.chunks > 1 else {})}
     target = inner.get_submodule(entry.path)
     target.widenings = [*(record or []), _jsonable(event)]
     return entry
@@ -175,7 +179,7 @@ def _core(module: nn.Module) -> nn.Module:
     return module.source if isinstance(module, DendriticLayer) else module
 
 
-def _out_dim(core: nn.Module) -> int:
+def out_dim(core: nn.Module) -> int:
     return 1 if is_hf_conv1d(core) else 0
 
 
@@ -235,7 +239,7 @@ def widen_producer(module: nn.Module, k: int, init: torch.Tensor | None = None,
     """k more output neurons on a Linear/Conv/Conv1D or a DendriticLayer over one."""
     core = _core(module)
     outs, ins = _blocks_of(core)
-    od = _out_dim(core)
+    od = out_dim(core)
     with torch.no_grad():
         _grow_param(core, "weight", _fresh_rows(core, k, init, generator), od)
         if core.bias is not None:
@@ -414,85 +418,6 @@ def replay_widenings(model: nn.Module, path: str, events: list[dict],
         entry = LayerPlan(path=path, widenable=True,
                           consumers=[tuple(c) for c in event["consumers"]],
                           through=[tuple(t) for t in event["through"]],
-                          partners=list(event.get("partners", [])))
+                          partners=list(event.get("partners", [])),
+                          chunks=int(event.get("chunks", 1)))
         widen(model, entry, event["k"], generator=generator)
-
-
-def widen_to_saved(model: nn.Module, state: Mapping[str, torch.Tensor]) -> list[str]:
-    """Widen the wrapped layers of ``model`` whose saved base weight in ``state`` has more
-    output neurons, each in one step (the readers found by :func:`plan_widening`), so a
-    state dict saved without perfora's structure record (``save_pretrained``) loads.
-    Returns the paths widened. Computed in one block per layer, the reloaded model equals the
-    saved one within float rounding; :func:`perfora.save_model` records each step and reloads
-    to the bit."""
-    inner = unwrap_model(model)
-    widened = []
-    for path, layer in dendritic_layers(inner).items():
-        core = layer.source
-        key = next((f"{path}.{name}" for name, p in layer.named_parameters()
-                    if p is core.weight), None)
-        saved = state.get(key) if key is not None else None
-        if saved is None:
-            continue
-        od = _out_dim(core)
-        extra = int(saved.shape[od]) - int(core.weight.shape[od])
-        if extra > 0:
-            widen(inner, path, extra)
-            widened.append(path)
-    return widened
-
-
-def adopt_saved_widths(module: nn.Module, state_dict: Mapping[str, torch.Tensor], prefix: str,
-                       *_: object) -> None:
-    """``load_state_dict`` pre-hook that :func:`perfora.perforate` puts on the model: where the
-    state holds a wrapped layer with more neurons (a run that grew neurons elsewhere, e.g. in
-    ddp_spawn's workers, handed back), widen it and its readers first, so the load fits, as a
-    layer takes a saved dendrite count. The loaded values replace the widened ones. Sharded
-    layers, and states that differ from the model in anything but widths, are left to the
-    load (which reports the mismatch)."""
-    local = {key[len(prefix):]: value for key, value in state_dict.items()
-             if key.startswith(prefix)}
-    applied: list[tuple[str, int]] = []  # (path, its widenings before): undone on failure
-    for path, layer in dendritic_layers(module).items():  # forward order: readers follow
-        core = layer.source
-        key = next((f"{path}.{name}" for name, p in layer.named_parameters()
-                    if p is core.weight), None)
-        saved = local.get(key) if key is not None else None
-        if saved is None or layer._sharded() or saved.dim() != core.weight.dim():
-            continue
-        od = _out_dim(core)
-        now = core.weight.shape
-        if saved.shape[od] > now[od] > 0 and all(
-                a == b for d, (a, b) in enumerate(zip(saved.shape, now)) if d != od):
-            extra = int(saved.shape[od]) - int(now[od])
-            entry = plan_widening(module).layers.get(path)
-            if entry is None or not entry.widenable:
-                for done, keep in reversed(applied):
-                    narrow_widenings(module, done, keep)
-                raise PerforationError(
-                    f"load_state_dict: the state gives {prefix}{path} {saved.shape[od]} "
-                    f"neurons (the model has {now[od]}), and the model's readers of {path!r} "
-                    f"are not known ({entry.reason if entry else 'it cannot gain neurons'}). "
-                    "Load the run with perfora.load_model (it replays the widenings it "
-                    f"recorded), or widen the model first: perfora.widen(model, {path!r}, "
-                    f"{extra}, pairs=...)")
-            applied.append((path, len(getattr(layer, "widenings", None) or [])))
-            widen(module, entry, extra)
-
-
-def add_width_hook(module: nn.Module) -> None:
-    """Give ``module`` the :func:`adopt_saved_widths` load pre-hook (once)."""
-    if not _width_hooks(module):
-        module.register_load_state_dict_pre_hook(adopt_saved_widths)
-
-
-def remove_width_hook(module: nn.Module) -> None:
-    """Take the :func:`adopt_saved_widths` load pre-hook off ``module`` (an exported copy
-    must hold nothing of perfora's)."""
-    for key in _width_hooks(module):
-        del module._load_state_dict_pre_hooks[key]
-
-
-def _width_hooks(module: nn.Module) -> list[int]:
-    return [key for key, h in module._load_state_dict_pre_hooks.items()
-            if getattr(h, "hook", h) is adopt_saved_widths]

@@ -121,23 +121,6 @@ def test_gradmax_pairs_rows_through_an_activation_but_not_through_a_depthwise_co
         assert pairs_rows(model, entry) is expected, name
 
 
-@pytest.mark.parametrize("name", ["phi3", "modernbert"])
-def test_a_fused_gate_and_up_projection_is_refused_with_the_reason(name):
-    # it was refused as "torch.fx cannot trace the model; pass pairs=", and pairs= cannot help
-    torch.manual_seed(0)
-    sizes = dict(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                 intermediate_size=64, pad_token_id=0)
-    if name == "phi3":
-        model, fused = T.Phi3Model(T.Phi3Config(num_key_value_heads=2, **sizes)), "gate_up_proj"
-    else:
-        model, fused = T.ModernBertModel(T.ModernBertConfig(
-            bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2, **sizes)), "Wi"
-    plan = perfora.plan_widening(perfora.perforate(model))
-    why = plan.refused[f"layers.0.mlp.{fused}"]
-    assert why.startswith("a fused gate-and-up projection") and "pairs=" not in why
-    assert "residual" in plan.refused["layers.0.mlp." + ("down_proj" if name == "phi3" else "Wo")]
-
-
 def test_patch_embeddings_and_bert_attention_outputs_are_refused_as_the_residual_stream():
     # they were refused as "torch.fx cannot trace the model; pass pairs=", which cannot help
     torch.manual_seed(0)

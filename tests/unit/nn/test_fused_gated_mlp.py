@@ -1,0 +1,184 @@
+"""Neuron growth in a gated MLP whose gate and up projections are one layer, cut in halves in
+its forward (Phi-3's, Phi-4-mini's and GLM's ``gate_up_proj``, ModernBERT's ``Wi``). A neuron
+is one row in each half: the rows are appended (the optimizer carry, the rewind and the
+dendrite banks keep their order) and the layer's output is put back in the order the block
+reads. Before, the layer was refused ("a fused gate-and-up projection")."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import perfora
+from perfora.nn.perforation import layer_specs, rebuild_structure
+from tests.support.widening import known_pair, one_neuron_step
+
+T = pytest.importorskip("transformers", reason="transformers not installed")
+
+IDS = torch.randint(3, 64, (2, 6), generator=torch.Generator().manual_seed(1))
+SIZES = dict(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+             intermediate_size=64, pad_token_id=0)
+
+
+def _build(name: str, head: bool = False) -> tuple[torch.nn.Module, str]:
+    """A tiny model and its first fused gate-and-up layer."""
+    torch.manual_seed(0)
+    if name == "phi3":
+        config = T.Phi3Config(num_key_value_heads=2, **SIZES)
+        model = T.Phi3ForCausalLM(config) if head else T.Phi3Model(config)
+        return model, ("model." if head else "") + "layers.0.mlp.gate_up_proj"
+    config = T.ModernBertConfig(bos_token_id=1, eos_token_id=2, cls_token_id=1,
+                                sep_token_id=2, **SIZES)
+    return T.ModernBertModel(config), "layers.0.mlp.Wi"
+
+
+def _out(model: torch.nn.Module) -> torch.Tensor:
+    out = model(input_ids=IDS)
+    return out.logits if hasattr(out, "logits") else out.last_hidden_state
+
+
+def _grow_a_trained_dendrite_set(model: torch.nn.Module) -> None:
+    controller = perfora.GrowthController(model, seed=0, dendrite_init="default",
+                                          write_files=False)
+    controller.set_optimizer(torch.optim.Adam, lr=1e-2)
+    controller.build_optimizer()
+    controller.add_dendrites()
+    controller.optimizer.zero_grad()
+    _out(model).square().mean().backward()
+    controller.optimizer.step()  # the dendrites' output weights leave zero
+
+
+@pytest.mark.parametrize("name", ["phi3", "modernbert"])
+@pytest.mark.parametrize("dendrites", [False, True])
+def test_the_fused_layer_grows_neurons_exactly_exports_and_rewinds(name, dendrites):
+    model, fused = _build(name)
+    model, reader = known_pair(model, fused)
+    assert perfora.plan_widening(model).layers[fused].found_by == "fused gated MLP"
+    if dendrites:
+        _grow_a_trained_dendrite_set(model)  # neurons then join dendrites that act
+    specs, state = copy.deepcopy(layer_specs(model)), copy.deepcopy(model.state_dict())
+    with torch.no_grad():
+        before = _out(model)
+    perfora.widen(model, fused, 4)
+    perfora.widen(model, fused, 8)  # two blocks: the order must hold across both
+    layer = model.get_submodule(fused)
+    assert layer.source.out_features == 2 * (64 + 12)
+    assert model.get_submodule(reader).source.in_features == 64 + 12
+    after = _out(model)
+    assert torch.equal(after, before)
+    after.square().sum().backward()  # the new neurons reach the reader: its new columns learn
+    assert model.get_submodule(reader).source.weight.grad[:, 64:].abs().sum() > 0
+    exported = perfora.export(model).eval()  # dendrites export as one GEMM: float rounding
+    assert not any(type(m).__module__.startswith("perfora") for m in exported.modules())
+    with torch.no_grad():
+        assert torch.allclose(_out(exported), after, atol=1e-6)
+    rebuild_structure(model, specs)  # the rewind to a best model from before the steps
+    model.load_state_dict(state)
+    assert model.get_submodule(fused).source.out_features == 128
+    with torch.no_grad():
+        assert torch.equal(_out(model), before)
+
+
+def test_the_block_reads_each_new_neuron_as_a_gate_row_and_an_up_row():
+    # the rows appended for neuron j are gate row j then up row j of the new block: setting
+    # them and the reader's column by hand gives what a Phi-3 MLP of that width computes
+    model, fused = _build("phi3")
+    model = perfora.perforate(model.eval())
+    mlp = model.get_submodule(fused.rpartition(".")[0])
+    perfora.widen(model, fused, 2)
+    perfora.widen(model, fused, 3)
+    weight = mlp.gate_up_proj.source.weight.detach()
+    blocks = [(0, 64), (128, 2), (132, 3)]  # (first row, neurons) of each widening's block
+    gate = torch.cat([weight[s:s + n] for s, n in blocks])
+    up = torch.cat([weight[s + n:s + 2 * n] for s, n in blocks])
+    with torch.no_grad():
+        mlp.down_proj.source.weight[:, 64:] = torch.randn(32, 5)
+        h = torch.randn(3, 32)
+        plain = mlp.down_proj.source.weight @ (
+            torch.nn.functional.silu(h @ gate.T) * (h @ up.T)).T
+        assert torch.allclose(mlp(h), plain.T, atol=1e-5)
+        exported = perfora.export(model)
+    rows = exported.get_submodule(fused).weight  # forward order: every gate row, then up
+    assert torch.equal(rows, torch.cat([gate, up]))
+
+
+def test_an_exported_phi3_reloads_with_from_pretrained(tmp_path):
+    model, fused = _build("phi3", head=True)
+    model = perfora.perforate(model.eval())
+    for layer in range(2):
+        perfora.widen(model, f"model.layers.{layer}.mlp.gate_up_proj", 5)
+    exported = perfora.export(model)
+    assert exported.config.intermediate_size == 69
+    exported.save_pretrained(tmp_path)
+    loaded = T.Phi3ForCausalLM.from_pretrained(tmp_path).eval()
+    with torch.no_grad():
+        assert torch.equal(loaded(input_ids=IDS).logits, exported(input_ids=IDS).logits)
+        assert torch.allclose(exported(input_ids=IDS).logits, model(input_ids=IDS).logits,
+                              atol=1e-6)
+
+
+def test_a_controller_step_adds_the_start_width_in_neurons_and_saves_and_loads(tmp_path):
+    model, fused = _build("phi3")
+    model = perfora.perforate(model)
+    decision, before = one_neuron_step(model, IDS, neuron_init="gradmax")
+    grown = decision.model.eval()
+    layer = grown.get_submodule(fused)
+    assert layer.source.out_features == 2 * 128  # 64 neurons: a row in each half
+    assert "gate_up_proj: +64 random" in decision.reason  # GradMax pairs no rows here
+    with torch.no_grad():
+        assert torch.equal(grown(input_ids=IDS).last_hidden_state, before.last_hidden_state)
+        perfora.save_model(tmp_path / "phi3.safetensors", grown)
+        loaded = perfora.load_model(_build("phi3")[0], tmp_path / "phi3.safetensors").eval()
+        assert torch.equal(loaded(input_ids=IDS).last_hidden_state,
+                           grown(input_ids=IDS).last_hidden_state)
+
+
+def test_a_plain_state_dict_of_a_grown_fused_layer_is_refused_with_load_model():
+    # its rows' order depends on the widenings, which a state dict does not record
+    model, fused = _build("phi3")
+    grown = perfora.perforate(model)
+    perfora.widen(grown, fused, 4)
+    fresh = perfora.perforate(_build("phi3")[0])
+    with pytest.raises(perfora.PerforationError, match="perfora.load_model"):
+        fresh.load_state_dict(grown.state_dict())
+    assert fresh.get_submodule(fused).source.out_features == 128  # nothing was changed
+
+
+def test_the_weights_of_a_grown_fused_layer_alone_are_refused_by_load_grown_pretrained(tmp_path):
+    # trainer.save_model's folder holds the weights only, not the widening steps
+    from perfora.integrations.transformers import load_grown_pretrained
+
+    safetensors = pytest.importorskip("safetensors.torch")
+    model, fused = _build("phi3")
+    grown = perfora.perforate(model)
+    perfora.widen(grown, fused, 4)
+    safetensors.save_file(grown.state_dict(), str(tmp_path / "model.safetensors"))
+    fresh = _build("phi3")[0]
+    with pytest.raises(perfora.PerforationError, match=f"{fused} is a fused gate-and-up layer"):
+        load_grown_pretrained(fresh, tmp_path)
+    assert fresh.get_submodule(fused).source.out_features == 128  # nothing was changed
+
+
+class _GateReadTwice(torch.nn.Module):
+    """Named like Phi-3's MLP, but the gate half also feeds a mean over all neurons."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate_up_proj = torch.nn.Linear(8, 32)
+        self.down_proj = torch.nn.Linear(16, 8)
+        self.activation_fn = torch.nn.SiLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(up * self.activation_fn(gate) + gate.mean(-1, keepdim=True))
+
+
+def test_a_block_that_reads_the_fused_output_otherwise_is_refused():
+    model = perfora.perforate(torch.nn.Sequential(_GateReadTwice()))
+    why = perfora.plan_widening(model).refused["0.gate_up_proj"]
+    assert why.startswith("0.gate_up_proj's output also goes to")
+    assert "which the fused gated MLP pattern does not have" in why
+    with pytest.raises(perfora.PerforationError, match="pattern does not have"):
+        perfora.widen(model, "0.gate_up_proj", 2)
