@@ -182,3 +182,34 @@ def test_a_block_that_reads_the_fused_output_otherwise_is_refused():
     assert "which the fused gated MLP pattern does not have" in why
     with pytest.raises(perfora.PerforationError, match="pattern does not have"):
         perfora.widen(model, "0.gate_up_proj", 2)
+
+
+def test_a_trainer_run_resumed_after_a_neuron_step_ends_with_the_same_weights(tmp_path):
+    # the checkpoint's controller file replays the widenings, so the rows' order comes back
+    pytest.importorskip("accelerate")
+    from perfora.integrations.transformers import DendriteGrowthCallback
+
+    ids = torch.randint(0, 64, (8, 8), generator=torch.Generator().manual_seed(1))
+    examples = [{"input_ids": row, "labels": row} for row in ids]
+
+    def trainer(out):
+        args = T.TrainingArguments(
+            output_dir=str(out), num_train_epochs=3, per_device_train_batch_size=4,
+            learning_rate=1e-3, eval_strategy="epoch", save_strategy="epoch",
+            logging_strategy="no", report_to=[], disable_tqdm=True, use_cpu=True, seed=0)
+        run = T.Trainer(model=_build("phi3", head=True)[0].train(), args=args,
+                        train_dataset=examples, eval_dataset=examples[:4])
+        DendriteGrowthCallback(monitor="eval_loss", growth="neurons", max_neuron_steps=2,
+                               switch_mode="fixed", fixed_switch_num=1, write_files=False,
+                               restore_best_at_end=False, seed=0).bind(run)
+        return run
+
+    whole = trainer(tmp_path / "run")
+    whole.train()
+    assert whole.model.get_submodule("model.layers.0.mlp.gate_up_proj").source.out_features \
+        == 2 * (64 + 64 + 64)  # two steps of 64 neurons, each a gate row and an up row
+    resumed = trainer(tmp_path / "resumed")
+    resumed.train(resume_from_checkpoint=str(tmp_path / "run" / "checkpoint-2"))
+    for (name, a), (_, b) in zip(sorted(whole.model.state_dict().items()),
+                                 sorted(resumed.model.state_dict().items()), strict=True):
+        assert torch.equal(a, b), name
