@@ -148,7 +148,12 @@ def plan_widening(model: nn.Module, pairs: Mapping[str, Any] | None = None, *,
                 if not entry.widenable:
                     plan.layers[entry.path] = entry
     for path, entry in found.items():
-        if plan.layers[path].widenable and entry.widenable:
+        if entry.widenable and entry.chunks > 1:  # a fused gate-and-up layer
+            plan.layers[path] = refuse(path, f"{path}'s output is cut into {entry.chunks} parts "
+                                             f"({entry.found_by}), which pairs= cannot say; "
+                                             f"leave {path} out of pairs= and the block is "
+                                             "found", "pairs")
+        elif plan.layers[path].widenable and entry.widenable:
             plan.layers[path] = checked_pairs(model, plan.layers[path], entry)
     for path, entry in known_refusals.items():  # pairs= cannot undo a residual add
         plan.layers[path] = refuse(path, f"pairs= names its readers, but {entry.reason} "

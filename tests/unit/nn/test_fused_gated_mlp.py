@@ -213,3 +213,14 @@ def test_a_trainer_run_resumed_after_a_neuron_step_ends_with_the_same_weights(tm
     for (name, a), (_, b) in zip(sorted(whole.model.state_dict().items()),
                                  sorted(resumed.model.state_dict().items()), strict=True):
         assert torch.equal(a, b), name
+
+
+def test_pairs_for_a_fused_layer_is_refused_with_the_way_it_is_found():
+    # a list of readers cannot say that each neuron is a row in each half
+    model, fused = _build("phi3")
+    model = perfora.perforate(model)
+    reader = fused.replace("gate_up_proj", "down_proj")
+    with pytest.raises(perfora.PerforationError, match="leave layers.0.mlp.gate_up_proj out of "
+                                                       "pairs= and the block is found"):
+        perfora.widen(model, fused, 4, pairs={fused: [reader]})
+    assert model.get_submodule(fused).source.out_features == 128
