@@ -69,6 +69,7 @@ class WideningPlan:
             if e.widenable:
                 reads = ", ".join(p if r == 1 else f"{p} (x{r})" for p, r in e.consumers)
                 extra = f" with {', '.join(e.partners)}" if e.partners else ""
+                extra += f" ({e.chunks} rows per neuron)" if e.chunks > 1 else ""
                 lines.append(f"  {path}{extra} -> {reads}  [{e.found_by}]")
             else:
                 lines.append(f"  {path}: refused: {e.reason}")

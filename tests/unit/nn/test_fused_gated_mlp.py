@@ -55,7 +55,9 @@ def _grow_a_trained_dendrite_set(model: torch.nn.Module) -> None:
 def test_the_fused_layer_grows_neurons_exactly_exports_and_rewinds(name, dendrites):
     model, fused = _build(name)
     model, reader = known_pair(model, fused)
-    assert perfora.plan_widening(model).layers[fused].found_by == "fused gated MLP"
+    plan = perfora.plan_widening(model)
+    assert plan.layers[fused].found_by == "fused gated MLP"
+    assert f"{fused} (2 rows per neuron) -> {reader}  [fused gated MLP]" in str(plan)
     if dendrites:
         _grow_a_trained_dendrite_set(model)  # neurons then join dendrites that act
     specs, state = copy.deepcopy(layer_specs(model)), copy.deepcopy(model.state_dict())
