@@ -1,6 +1,6 @@
 """Helpers for tests of what a widening passes through: one neuron step of the controller,
-a widening undone by a rewind to a snapshot (the rewind to a narrower best model), and a known
-block's feed-forward pair as the plan finds it."""
+a widening undone by a rewind to a snapshot (the rewind to a narrower best model), a known
+block's feed-forward pair as the plan finds it, and a fused gate-and-up MLP (Phi-3's layout)."""
 
 from __future__ import annotations
 
@@ -50,3 +50,17 @@ def known_pair(model: nn.Module, hidden: str) -> tuple[nn.Module, str]:
     reader = plan.layers[hidden].consumers[0][0]
     assert "residual" in plan.refused[reader]
     return model, reader
+
+
+class FusedGatedMLP(nn.Module):
+    """Phi-3's MLP with a residual add: one layer computes gate and up, cut in halves."""
+
+    def __init__(self, width: int, hidden: int) -> None:
+        super().__init__()
+        self.gate_up_proj = nn.Linear(width, 2 * hidden, bias=False)
+        self.activation_fn = nn.SiLU()
+        self.down_proj = nn.Linear(hidden, width, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return x + self.down_proj(up * self.activation_fn(gate))

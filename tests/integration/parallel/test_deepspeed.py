@@ -19,6 +19,7 @@ import perfora
 from perfora.checkpoint.format import load_checkpoint
 from perfora.distributed.collectives import rank_zero_decides
 from tests.support.ranks import run_world
+from tests.support.widening import FusedGatedMLP
 
 pytest.importorskip("deepspeed")
 
@@ -374,6 +375,45 @@ def run_neurons(rank: int, stage: int, init: str = "gradmax") -> dict:
             "shapes": {k: list(v.shape) for k, v in state.items()}}
 
 
+def run_fused_zero3(rank: int) -> dict:
+    """Two neuron steps of a fused gate-and-up MLP under ZeRO-3 (one layer pair gathered at a
+    time): the output is unchanged, the ranks identical, and a saved run loads into a fresh
+    engine of the narrow model with the same outputs (the rows' order replayed)."""
+    def build() -> nn.Module:
+        torch.manual_seed(0)
+        return wrap(perfora.perforate(nn.Sequential(nn.Linear(6, 8), FusedGatedMLP(8, 8),
+                                                    nn.Linear(8, 3))), 3, adam=True)
+
+    engine = build()
+    ctl = perfora.GrowthController(engine, **{**settings(), "growth": "neurons",
+                                              "max_neuron_steps": 2,
+                                              "switch_mode": "every_epoch"})
+    exact, rows = [], []
+    for epoch in range(2):
+        engine.train()
+        for step in range(STEPS):
+            x, y = data(epoch, step)
+            engine.backward(nn.functional.cross_entropy(engine(x[rank::WORLD]),
+                                                        y[rank::WORLD]))
+            engine.step()
+        engine.eval()
+        with torch.no_grad():
+            before = engine(probe())
+        engine = ctl.step(0.5 + 0.1 * epoch, model=engine).model
+        with torch.no_grad():
+            exact.append(bool(torch.equal(engine(probe()), before)))
+        rows.append(ctl.backend.full_state(engine)["1.gate_up_proj.base.weight"].shape[0])
+    state = ctl.backend.full_state(engine)
+    path = Path(os.environ["PERFORA_TEST_TMP"]) / "fused_zero3.safetensors"
+    ctl.save(path)
+    fresh = perfora.GrowthController(build(), **{**settings(), "growth": "neurons"}
+                                     ).load(path).model
+    with torch.no_grad():
+        fresh.eval()
+        reloaded = bool(torch.equal(fresh(probe()), engine(probe())))
+    return {"exact": exact, "rows": rows, "rank_diff": _rank_diff(state), "reloaded": reloaded}
+
+
 def run_auto_undo(rank: int) -> dict:
     """growth='auto' under ZeRO-2: a second dendrite set fails, is undone (a rewind), and a
     neuron step follows; the moments of the widened layers carry on through both."""
@@ -593,6 +633,7 @@ def scenarios(rank: int, world: int, tmp: str) -> dict:
     return {**{f"zero{stage}": run_deepspeed(rank, stage, Path(tmp)) for stage in STAGES},
             "bf16": run_bf16(rank), "neurons": run_neurons(rank, 2),
             "neurons_zero3": run_neurons(rank, 3), "neurons_zero0": run_neurons(rank, 0, "random"),
+            "fused_zero3": run_fused_zero3(rank),
             "auto_undo": run_auto_undo(rank),
             **{f"resume_zero{stage}": run_resume(rank, stage, Path(tmp)) for stage in (3, 2, 0)},
             "time_budget": run_time_budget(rank, Path(tmp)),
@@ -646,6 +687,10 @@ def test_zero3_zero2_zero0_growth_rewind_checkpoint(tmp_path: Path) -> None:
         assert all(neurons[0]["exact"][:2]) and neurons[0]["is_engine"] == "DeepSpeedEngine"
         assert {r["rank_diff"] for r in neurons} == {0.0}
         assert all(r["reloaded"] for r in neurons), kind
+    for r in results:  # a fused gate-and-up layer: 8 neurons a step, a gate and an up row each
+        fused = r["fused_zero3"]
+        assert fused == {"exact": [True, True], "rows": [32, 48], "rank_diff": 0.0,
+                         "reloaded": True}, fused
     for r in results:  # the undo's rewind comes before the neuron step: moments still carried
         auto = r["auto_undo"]
         assert auto["reasons"][2].startswith("dendrite set 2 did not beat the best score: "

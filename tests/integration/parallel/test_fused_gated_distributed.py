@@ -15,22 +15,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import perfora
 from tests.support.ranks import run_in_folder
+from tests.support.widening import FusedGatedMLP
 
 WORLD = 2
-
-
-class FusedGatedMLP(nn.Module):
-    """Phi-3's MLP: one layer computes gate and up, cut in halves in the forward."""
-
-    def __init__(self, width: int, hidden: int) -> None:
-        super().__init__()
-        self.gate_up_proj = nn.Linear(width, 2 * hidden, bias=False)
-        self.activation_fn = nn.SiLU()
-        self.down_proj = nn.Linear(hidden, width, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return x + self.down_proj(up * self.activation_fn(gate))
 
 
 def grow_fused(rank: int, tmp: Path, kind: str) -> dict:
