@@ -93,3 +93,19 @@ def run_in_folder(fn: Callable, folder: Path, world: int, *args, join_s: float =
     for old in [*folder.glob("result_*.json"), *folder.glob("done_*"), *folder.glob("store")]:
         old.unlink()
     return _launch(fn, folder, world, args, pass_folder=True, join_s=join_s)
+
+
+def wrapped_for(kind: str, model: torch.nn.Module, world: int) -> torch.nn.Module:
+    """``model`` under ``kind`` on this rank: "ddp" (DistributedDataParallel), "fsdp1"
+    (``perfora.parallel.wrap_fsdp1`` on the CPU) or "fsdp2" (``shard_fsdp2`` over a CPU
+    mesh of ``world`` ranks)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.nn.parallel import DistributedDataParallel
+
+    from perfora.parallel import shard_fsdp2, wrap_fsdp1
+
+    if kind == "ddp":
+        return DistributedDataParallel(model)
+    if kind == "fsdp1":
+        return wrap_fsdp1(model, device_id=torch.device("cpu"))
+    return shard_fsdp2(model, mesh=init_device_mesh("cpu", (world,)))

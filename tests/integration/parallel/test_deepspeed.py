@@ -308,6 +308,14 @@ def run_bf16(rank: int) -> dict:
             "dtypes": sorted({str(p.ds_tensor.dtype) for p in engine.module.parameters()})}
 
 
+def _train_steps(engine: nn.Module, rank: int, epoch: int) -> None:
+    """STEPS optimizer steps, each on this rank's half of the epoch's batch."""
+    for step in range(STEPS):
+        x, y = data(epoch, step)
+        engine.backward(nn.functional.cross_entropy(engine(x[rank::WORLD]), y[rank::WORLD]))
+        engine.step()
+
+
 def run_neurons(rank: int, stage: int, init: str = "gradmax") -> dict:
     """growth='neurons' under ZeRO ``stage``: the widening keeps the output, a new engine
     takes the widened module, the ranks stay identical, the new rows come from the recorded
@@ -323,11 +331,7 @@ def run_neurons(rank: int, stage: int, init: str = "gradmax") -> dict:
     exact, widths, carried, reasons, modes = [], [], [], [], []
     for epoch in range(3):
         engine.train()
-        for step in range(STEPS):
-            x, y = data(epoch, step)
-            engine.backward(nn.functional.cross_entropy(engine(x[rank::WORLD]),
-                                                        y[rank::WORLD]))
-            engine.step()
+        _train_steps(engine, rank, epoch)
         engine.eval()
         with torch.no_grad():
             before = engine(probe())
@@ -391,11 +395,7 @@ def run_fused_zero3(rank: int) -> dict:
     exact, rows = [], []
     for epoch in range(2):
         engine.train()
-        for step in range(STEPS):
-            x, y = data(epoch, step)
-            engine.backward(nn.functional.cross_entropy(engine(x[rank::WORLD]),
-                                                        y[rank::WORLD]))
-            engine.step()
+        _train_steps(engine, rank, epoch)
         engine.eval()
         with torch.no_grad():
             before = engine(probe())
@@ -424,11 +424,7 @@ def run_auto_undo(rank: int) -> dict:
                                               "switch_mode": "every_epoch"})
     reasons, carried = [], None
     for epoch, score in enumerate((0.5, 0.6, 0.55)):
-        for step in range(STEPS):
-            x, y = data(epoch, step)
-            engine.backward(nn.functional.cross_entropy(engine(x[rank::WORLD]),
-                                                        y[rank::WORLD]))
-            engine.step()
+        _train_steps(engine, rank, epoch)
         moments = engine_moments(engine, 2)
         decision = ctl.step(score, model=engine)
         engine = decision.model
@@ -453,11 +449,7 @@ def _train_epochs(engine: nn.Module, ctl: perfora.GrowthController, rank: int,
     saved: list = []
     events: list = []
     for epoch in epochs:
-        for step in range(STEPS):
-            x, y = data(epoch, step)
-            engine.backward(nn.functional.cross_entropy(engine(x[rank::WORLD]),
-                                                        y[rank::WORLD]))
-            engine.step()
+        _train_steps(engine, rank, epoch)
         decision = ctl.step(RESUME_SCORES[epoch], model=engine)
         engine = decision.model
         events.append(decision.action)

@@ -10,63 +10,35 @@ from pathlib import Path
 import pytest
 import torch
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 import perfora
-from tests.support.ranks import run_in_folder
+from tests.support.ranks import run_in_folder, wrapped_for
+from tests.support.widening import grow_twice_and_rewind
 
 WORLD = 2
 
 
 def grow_through_depthwise(rank: int, tmp: Path, kind: str) -> dict:
-    from torch.distributed.device_mesh import init_device_mesh
-
-    from perfora.parallel import shard_fsdp2, wrap_fsdp1
-
     torch.manual_seed(0)
     base = perfora.perforate(nn.Sequential(
         nn.Conv2d(2, 8, 1), nn.BatchNorm2d(8), nn.ReLU6(),
         nn.Conv2d(8, 8, 3, padding=1, groups=8), nn.BatchNorm2d(8), nn.ReLU6(),
         nn.Conv2d(8, 3, 1), nn.AdaptiveAvgPool2d(1), nn.Flatten()))
-    if kind == "ddp":
-        model = DDP(base)
-    elif kind == "fsdp1":
-        model = wrap_fsdp1(base, device_id=torch.device("cpu"))
-    else:
-        model = shard_fsdp2(base, mesh=init_device_mesh("cpu", (WORLD,)))
+    model = wrapped_for(kind, base, WORLD)
     ctl = perfora.GrowthController(model, growth="neurons", switch_mode="every_epoch",
                                    max_neuron_steps=2, write_files=False)
-    ctl.set_optimizer(torch.optim.Adam, lr=0.01)
-    opt, _ = ctl.build_optimizer()
-    gen = torch.Generator().manual_seed(rank)  # each rank its own data
     x_fixed = torch.randn(4, 2, 6, 6, generator=torch.Generator().manual_seed(9))
-    reasons, exact, groups, training = [], [], [], []
-    for score in (0.5, 0.4, 0.3):  # the first model stays the best: the end rewinds to it
-        model.train()
-        for _ in range(3):
-            x = torch.randn(16, 2, 6, 6, generator=gen)
-            opt.zero_grad()
-            nn.functional.cross_entropy(model(x), (x[:, rank, 0, 0] > 0).long()).backward()
-            opt.step()
-        model.eval()
-        with torch.no_grad():
-            before = model(x_fixed)
-        if not reasons:
-            best = before  # the best model's outputs (every later score is lower)
-        decision = ctl.step(score)
-        model, opt = decision.model, decision.optimizer
-        with torch.no_grad():
-            exact.append(bool(torch.equal(model(x_fixed), before)))
-        reasons.append(decision.reason)
+    groups, training = [], []
+
+    def record(model: nn.Module) -> None:
         training.append(any(m.training for m in model.modules()))
-        state = ctl.backend.full_state(model)
-        groups.append(list(state["3.base.weight"].shape))
-    params = {k: v.tolist() for k, v in ctl.backend.full_state(model).items()
+        groups.append(list(ctl.backend.full_state(model)["3.base.weight"].shape))
+
+    run = grow_twice_and_rewind(model, ctl, rank, x_fixed, (0, 0), record)
+    params = {k: v.tolist() for k, v in ctl.backend.full_state(run["model"]).items()
               if "running" not in k and "num_batches" not in k}
-    with torch.no_grad():
-        rewound = bool(torch.equal(model(x_fixed), best))
-    return {"reasons": reasons, "exact": exact, "groups": groups, "params": params,
-            "rewound": rewound, "training": training}
+    return {"reasons": run["reasons"], "exact": run["exact"], "groups": groups,
+            "params": params, "rewound": run["rewound"], "training": training}
 
 
 @pytest.mark.timeout(150)

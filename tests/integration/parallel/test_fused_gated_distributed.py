@@ -11,60 +11,29 @@ from pathlib import Path
 import pytest
 import torch
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 import perfora
-from tests.support.ranks import run_in_folder
-from tests.support.widening import FusedGatedMLP
+from tests.support.ranks import run_in_folder, wrapped_for
+from tests.support.widening import FusedGatedMLP, grow_twice_and_rewind
 
 WORLD = 2
 
 
 def grow_fused(rank: int, tmp: Path, kind: str) -> dict:
-    from torch.distributed.device_mesh import init_device_mesh
-
-    from perfora.parallel import shard_fsdp2, wrap_fsdp1
-
     torch.manual_seed(0)
     base = perfora.perforate(nn.Sequential(nn.Linear(4, 8), FusedGatedMLP(8, 16),
                                            nn.Linear(8, 3)))
-    if kind == "ddp":
-        model = DDP(base)
-    elif kind == "fsdp1":
-        model = wrap_fsdp1(base, device_id=torch.device("cpu"))
-    else:
-        model = shard_fsdp2(base, mesh=init_device_mesh("cpu", (WORLD,)))
+    model = wrapped_for(kind, base, WORLD)
     ctl = perfora.GrowthController(model, growth="neurons", switch_mode="every_epoch",
                                    max_neuron_steps=2, neurons_per_step=0.5,
                                    write_files=False)
-    ctl.set_optimizer(torch.optim.Adam, lr=0.01)
-    opt, _ = ctl.build_optimizer()
-    gen = torch.Generator().manual_seed(rank)  # each rank its own data
-    x_fixed = torch.randn(4, 4, generator=torch.Generator().manual_seed(9))
-    reasons, exact, rows = [], [], []
-    for score in (0.5, 0.4, 0.3):  # the first model stays the best: the end rewinds to it
-        model.train()
-        for _ in range(3):
-            x = torch.randn(16, 4, generator=gen)
-            opt.zero_grad()
-            nn.functional.cross_entropy(model(x), (x[:, rank] > 0).long()).backward()
-            opt.step()
-        model.eval()
-        with torch.no_grad():
-            before = model(x_fixed)
-        if not reasons:
-            best = before  # the best model's outputs (every later score is lower)
-        decision = ctl.step(score)
-        model, opt = decision.model, decision.optimizer
-        with torch.no_grad():
-            exact.append(bool(torch.equal(model(x_fixed), before)))
-        reasons.append(decision.reason)
-        rows.append(ctl.backend.full_state(model)["1.gate_up_proj.base.weight"].shape[0])
-    params = {k: v.tolist() for k, v in ctl.backend.full_state(model).items()}
-    with torch.no_grad():
-        rewound = bool(torch.equal(model(x_fixed), best))
-    return {"reasons": reasons, "exact": exact, "rows": rows, "params": params,
-            "rewound": rewound}
+    rows: list[int] = []
+    run = grow_twice_and_rewind(
+        model, ctl, rank, torch.randn(4, 4, generator=torch.Generator().manual_seed(9)), (),
+        lambda m: rows.append(ctl.backend.full_state(m)["1.gate_up_proj.base.weight"].shape[0]))
+    params = {k: v.tolist() for k, v in ctl.backend.full_state(run["model"]).items()}
+    return {"reasons": run["reasons"], "exact": run["exact"], "rows": rows, "params": params,
+            "rewound": run["rewound"]}
 
 
 @pytest.mark.timeout(150)

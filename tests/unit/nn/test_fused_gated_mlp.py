@@ -13,7 +13,7 @@ import torch
 
 import perfora
 from perfora.nn.perforation import layer_specs, rebuild_structure
-from tests.support.widening import known_pair, one_neuron_step
+from tests.support.widening import grow_a_trained_dendrite_set, known_pair, one_neuron_step
 
 T = pytest.importorskip("transformers", reason="transformers not installed")
 
@@ -39,17 +39,6 @@ def _out(model: torch.nn.Module) -> torch.Tensor:
     return out.logits if hasattr(out, "logits") else out.last_hidden_state
 
 
-def _grow_a_trained_dendrite_set(model: torch.nn.Module) -> None:
-    controller = perfora.GrowthController(model, seed=0, dendrite_init="default",
-                                          write_files=False)
-    controller.set_optimizer(torch.optim.Adam, lr=1e-2)
-    controller.build_optimizer()
-    controller.add_dendrites()
-    controller.optimizer.zero_grad()
-    _out(model).square().mean().backward()
-    controller.optimizer.step()  # the dendrites' output weights leave zero
-
-
 @pytest.mark.parametrize("name", ["phi3", "modernbert"])
 @pytest.mark.parametrize("dendrites", [False, True])
 def test_the_fused_layer_grows_neurons_exactly_exports_and_rewinds(name, dendrites):
@@ -59,7 +48,7 @@ def test_the_fused_layer_grows_neurons_exactly_exports_and_rewinds(name, dendrit
     assert plan.layers[fused].found_by == "fused gated MLP"
     assert f"{fused} (2 rows per neuron) -> {reader}  [fused gated MLP]" in str(plan)
     if dendrites:
-        _grow_a_trained_dendrite_set(model)  # neurons then join dendrites that act
+        grow_a_trained_dendrite_set(model, lambda: _out(model).square().mean())
     specs, state = copy.deepcopy(layer_specs(model)), copy.deepcopy(model.state_dict())
     with torch.no_grad():
         before = _out(model)

@@ -16,7 +16,7 @@ import torch
 
 import perfora
 from perfora.nn.perforation import layer_specs, rebuild_structure
-from tests.support.widening import known_pair
+from tests.support.widening import grow_a_trained_dendrite_set, known_pair
 
 T = pytest.importorskip("transformers", reason="transformers not installed")
 
@@ -53,22 +53,11 @@ def _build(name: str) -> tuple[torch.nn.Module, str, dict]:
         "stages.0.blocks.0.mlp.fc1", images)
 
 
-def _grow_a_trained_dendrite_set(model: torch.nn.Module, inputs: dict) -> None:
-    controller = perfora.GrowthController(model, seed=0, dendrite_init="default",
-                                          write_files=False)
-    controller.set_optimizer(torch.optim.Adam, lr=1e-2)
-    controller.build_optimizer()
-    controller.add_dendrites()
-    controller.optimizer.zero_grad()
-    model(**inputs).last_hidden_state.square().mean().backward()
-    controller.optimizer.step()  # the dendrites' output weights leave zero
-
-
 @pytest.mark.parametrize("name", ["distilbert", "albert", "convnext", "wav2vec2", "segformer"])
 def test_the_feed_forward_pair_grows_neurons_exactly_and_exports(name):
     model, hidden, inputs = _build(name)
     model, reader = known_pair(model, hidden)
-    _grow_a_trained_dendrite_set(model, inputs)  # neurons then join dendrites that act
+    grow_a_trained_dendrite_set(model, lambda: model(**inputs).last_hidden_state.square().mean())
     specs, state = copy.deepcopy(layer_specs(model)), copy.deepcopy(model.state_dict())
     with torch.no_grad():
         before = model(**inputs).last_hidden_state
