@@ -98,7 +98,8 @@ def widen(model: nn.Module, layer: str | LayerPlan, k: int,
 
     ``init``: the new incoming weights, [k, *weight.shape[1:]] (or [k, in] flattened; for
     Llama's gate and up projections, a mapping from path to tensor; for a fused gate-and-up
-    layer, [2k, in]: the k gate rows, then the k up rows); random when omitted.
+    layer, [2k, in]: the k rows of its first half, Phi-3's gate, then the k of its second);
+    random when omitted.
     Raises :class:`PerforationError` (before anything changes) when the layer cannot be
     widened, saying why (also for a ``k`` that is not a multiple of the group size of a
     GroupNorm on the way). Returns the plan entry that was applied."""
