@@ -35,18 +35,34 @@ def checked_block(block: nn.Module, pre: str, entry: LayerPlan,
     """``entry`` (a known block's pair, paths prefixed by ``pre``), or its refusal when the
     block does not compute what its names suggest. ``upstream`` names children with state that
     the pattern has before the pair (ConvNeXt's depthwise conv and norm)."""
-    why = _mismatch(block, pre, entry, set(upstream))
+    graph = _traced(block)
+    why = _mismatch(block, pre, entry, set(upstream), graph)
+    if why is None and graph is None and entry.chunks > 1:
+        # only the graph shows that the output is cut in halves, not interleaved, say
+        return refuse(entry.path, f"the block does not trace with torch.fx, so how it cuts "
+                                  f"{entry.path}'s output into {entry.chunks} parts is not "
+                                  "known", entry.found_by)
     if why is None:
         return entry
-    return refuse(entry.path, f"{why}, which the {entry.found_by} pattern does not have; pass "
-                              "pairs= if its readers are known", entry.found_by)
+    hint = "" if entry.chunks > 1 else "; pass pairs= if its readers are known"
+    return refuse(entry.path, f"{why}, which the {entry.found_by} pattern does not have{hint}",
+                  entry.found_by)
 
 
 def _local(pre: str, path: str) -> str:
     return path[len(pre):]
 
 
-def _mismatch(block: nn.Module, pre: str, entry: LayerPlan, upstream: set[str]) -> str | None:
+def _traced(block: nn.Module) -> torch.fx.Graph | None:
+    """The block's own forward as a graph of its children, or None where it does not trace."""
+    try:
+        return _ChildrenAsLeaves().trace(block)
+    except Exception:  # noqa: BLE001 - any failure to trace
+        return None
+
+
+def _mismatch(block: nn.Module, pre: str, entry: LayerPlan, upstream: set[str],
+              graph: torch.fx.Graph | None) -> str | None:
     producers = [_local(pre, p) for p in [entry.path, *entry.partners]]
     consumer = _local(pre, entry.consumers[0][0])
     through = {_local(pre, p) for p, _ in entry.through}
@@ -60,10 +76,8 @@ def _mismatch(block: nn.Module, pre: str, entry: LayerPlan, upstream: set[str]) 
         if name not in roles and (any(True for _ in child.parameters())
                                   or any(True for _ in child.buffers())):
             return f"the block also holds {pre}{name} ({type(child).__name__})"
-    try:
-        graph = _ChildrenAsLeaves().trace(block)
-    except Exception:  # noqa: BLE001 - an untraceable block is judged by names and widths
-        return None
+    if graph is None:
+        return None  # an untraceable block is judged by names and widths
     for name in producers:
         why = _path_to_consumer(graph, name, consumer, through,
                                 gated=len(producers) > 1 or entry.chunks > 1,

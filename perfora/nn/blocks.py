@@ -167,7 +167,7 @@ class BlockedLayer:
                 return per_rows(self, x)
             return per_component(self, x)
         y = self.blocked_call(x, self.weight, self.bias)  # type: ignore[attr-defined]
-        return forward_order(self, y) if getattr(self, "out_chunks", 1) > 1 else y
+        return forward_order(self, y)  # a fused gate-and-up layer's halves (chunked.py)
 
     def blocks(self) -> tuple[list[int], list[int]]:
         """(output blocks, input blocks), each one block of the full size when not widened."""

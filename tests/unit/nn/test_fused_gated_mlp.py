@@ -13,7 +13,12 @@ import torch
 
 import perfora
 from perfora.nn.perforation import layer_specs, rebuild_structure
-from tests.support.widening import grow_a_trained_dendrite_set, known_pair, one_neuron_step
+from tests.support.widening import (
+    FusedGatedMLP,
+    grow_a_trained_dendrite_set,
+    known_pair,
+    one_neuron_step,
+)
 
 T = pytest.importorskip("transformers", reason="transformers not installed")
 
@@ -166,11 +171,19 @@ class _GateReadTwice(torch.nn.Module):
         return self.down_proj(up * self.activation_fn(gate) + gate.mean(-1, keepdim=True))
 
 
+class _Untraceable(FusedGatedMLP):
+    """Phi-3's MLP with a branch on a value: torch.fx cannot trace it, so nothing shows how
+    the fused output is cut (it could be interleaved rows)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x) if x.sum() > 0 else super().forward(-x)
+
+
 def test_a_block_that_reads_the_fused_output_otherwise_is_refused():
     model = perfora.perforate(torch.nn.Sequential(_GateReadTwice()))
     why = perfora.plan_widening(model).refused["0.gate_up_proj"]
     assert why.startswith("0.gate_up_proj's output also goes to")
-    assert "which the fused gated MLP pattern does not have" in why
+    assert why.endswith("which the fused gated MLP pattern does not have")  # no pairs= hint
     with pytest.raises(perfora.PerforationError, match="pattern does not have"):
         perfora.widen(model, "0.gate_up_proj", 2)
 
@@ -215,3 +228,13 @@ def test_pairs_for_a_fused_layer_is_refused_with_the_way_it_is_found():
                                                        "pairs= and the block is found"):
         perfora.widen(model, fused, 4, pairs={fused: [reader]})
     assert model.get_submodule(fused).source.out_features == 128
+
+
+def test_a_fused_block_that_does_not_trace_is_refused():
+    # names and widths alone would let an interleaved gate-and-up layer be widened wrongly
+    model = perfora.perforate(torch.nn.Sequential(_Untraceable(8, 16)))
+    why = perfora.plan_widening(model).refused["0.gate_up_proj"]
+    assert why == ("the block does not trace with torch.fx, so how it cuts 0.gate_up_proj's "
+                   "output into 2 parts is not known")
+    assert "0.gate_up_proj" in perfora.plan_widening(
+        perfora.perforate(torch.nn.Sequential(FusedGatedMLP(8, 16)))).widenable
