@@ -449,25 +449,29 @@ def test_the_example_grows_dendrites_that_beat_the_baseline(tmp_path, script_ser
 @pytest.mark.timeout(300)
 def test_the_example_under_ddp_spawn_reports_what_the_spawned_run_trained(tmp_path,
                                                                           script_server):
+    # a short schedule (one dendrite set, kept): what is checked is the report, and the
+    # spawned ranks' start costs more than their epochs
     run = script_server.run(ROOT / "examples" / "lightning_digits.py", "--strategy",
-                            "ddp_spawn", "--patience", "3", "--max-epochs", "40", "--out",
-                            tmp_path, cwd=tmp_path, unset=LAUNCH_ENV,
+                            "ddp_spawn", "--patience", "2", "--max-epochs", "20",
+                            "--max-dendrites", "1", "--out", tmp_path, cwd=tmp_path,
+                            unset=LAUNCH_ENV,
                             env={"PYTHONWARNINGS": "ignore"}, timeout=RUN_TIMEOUT)
     assert run.ok, run.logs[-3000:]
     line = next(x for x in run.log().splitlines() if x.startswith("stopped after"))
     found = re.match(r"stopped after (\d+) epochs: dendrites=(\d+), best val_acc=([\d.]+), "
-                     r"parameters=\d+, run files in (.+) \(trained in the spawned processes",
-                     line)
+                     r"parameters=(\d+), run files in (.+) \(trained in the spawned "
+                     r"processes", line)
     assert found, line  # numbers, not "see the launching process" and nan
     epochs, kept, best = int(found.group(1)), int(found.group(2)), float(found.group(3))
     run_dir = tmp_path / "perfora_runs"
-    assert found.group(4) == str(run_dir)
+    assert found.group(5) == str(run_dir)
     rows = (run_dir / "metrics.csv").read_text().splitlines()
     assert epochs == len(rows) - 1 > 0  # one row per epoch the spawned rank 0 reported
     arch = [row.split(",") for row in (run_dir / "best_arch_scores.csv").read_text()
             .splitlines()[1:]]
     assert best == pytest.approx(max(float(r[2]) for r in arch), abs=5e-5) and best > 0.5
-    assert kept >= 1  # the grown model came back to the launching process
+    # the grown model came back to the launching process: the best architecture's size
+    assert kept >= 1 and int(found.group(4)) == int(arch[kept][1])
 
 
 @pytest.mark.timeout(300)
