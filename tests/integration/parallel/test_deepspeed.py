@@ -316,6 +316,16 @@ def _train_steps(engine: nn.Module, rank: int, epoch: int) -> None:
         engine.step()
 
 
+def _train_then_probe(engine: nn.Module, rank: int, epoch: int) -> torch.Tensor:
+    """One epoch of training, then the outputs on the probe in eval mode: what a growth step
+    that follows must leave unchanged."""
+    engine.train()
+    _train_steps(engine, rank, epoch)
+    engine.eval()
+    with torch.no_grad():
+        return engine(probe())
+
+
 def run_neurons(rank: int, stage: int, init: str = "gradmax") -> dict:
     """growth='neurons' under ZeRO ``stage``: the widening keeps the output, a new engine
     takes the widened module, the ranks stay identical, the new rows come from the recorded
@@ -330,11 +340,7 @@ def run_neurons(rank: int, stage: int, init: str = "gradmax") -> dict:
     sizes = _record_gathers() if stage == 3 else []
     exact, widths, carried, reasons, modes = [], [], [], [], []
     for epoch in range(3):
-        engine.train()
-        _train_steps(engine, rank, epoch)
-        engine.eval()
-        with torch.no_grad():
-            before = engine(probe())
+        before = _train_then_probe(engine, rank, epoch)
         moments = engine_moments(engine, stage)
         schedule = (engine.lr_scheduler.last_epoch, engine.optimizer.param_groups[0]["lr"])
         decision = ctl.step(0.5 + 0.1 * epoch, model=engine)
@@ -351,7 +357,6 @@ def run_neurons(rank: int, stage: int, init: str = "gradmax") -> dict:
         widths.append({p: layer.num_neurons
                        for p, layer in perfora.dendritic_layers(engine).items()})
     _stop_recording_gathers()
-    state = ctl.backend.full_state(engine)
     # the widened run saved and loaded into a fresh engine of the narrow model: the widths,
     # the weights and Adam's moments come back
     path = Path(os.environ["PERFORA_TEST_TMP"]) / f"neurons_zero{stage}_{init}.safetensors"
@@ -394,11 +399,7 @@ def run_fused_zero3(rank: int) -> dict:
                                               "switch_mode": "every_epoch"})
     exact, rows = [], []
     for epoch in range(2):
-        engine.train()
-        _train_steps(engine, rank, epoch)
-        engine.eval()
-        with torch.no_grad():
-            before = engine(probe())
+        before = _train_then_probe(engine, rank, epoch)
         engine = ctl.step(0.5 + 0.1 * epoch, model=engine).model
         with torch.no_grad():
             exact.append(bool(torch.equal(engine(probe()), before)))
