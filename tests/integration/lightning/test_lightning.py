@@ -50,12 +50,11 @@ def run_fit(out: Path, *args: str, server: ScriptServer | None = None) -> None:
     """One ``trainer.fit`` of run_digits.py in a fresh process group; it must succeed.
 
     With ``server`` its ranks are forked from the warm script server as torchrun would start
-    them (2 CPU ranks unless ``--devices 1``; under ddp_spawn the launching process, which
-    spawns its own); without, ``python run_digits.py`` runs in a subprocess and Lightning's
-    ddp launcher re-executes the script for rank 1.
+    them (2 CPU ranks unless ``--devices 1``); without, ``python run_digits.py`` runs in a
+    subprocess and Lightning's ddp launcher re-executes the script for rank 1.
     """
     if server is not None:
-        ranks = 1 if "ddp_spawn" in args or "--devices" in args else 2
+        ranks = 1 if "--devices" in args else 2
         run = server.run(SCRIPT, "--out", out, *args, cwd=out, ranks=ranks, unset=LAUNCH_ENV,
                          env={"PYTHONWARNINGS": "ignore"}, timeout=RUN_TIMEOUT)
         codes, log = run.codes, run.logs
@@ -250,18 +249,6 @@ def test_a_grown_two_device_checkpoint_resumes_on_one_device(runs, strategy, tmp
                                  "complete"]
     assert resumed["num_dendrites"] == 2 and resumed["completed"]
     assert resumed["sharded"] == (strategy == "model_parallel")
-
-
-@pytest.mark.xdist_group("ddp_spawn")
-@pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_ddp_spawn_hands_the_grown_model_back_to_the_launching_process(tmp_path, script_server):
-    run_fit(tmp_path, "--strategy", "ddp_spawn", "--max-epochs", "7", "--prepare",
-            server=script_server)
-    main = record(tmp_path, "main")
-    assert main["main_layers"] == {"net.0": 2, "net.2": 2}
-    assert main["params"]["net.2.out_weight"].shape == (2, 10)
-    assert main["params"]["net.2.out_weight"].abs().sum() > 0  # trained values, not zeros
 
 
 @pytest.mark.xdist_group("selective_bf16")
@@ -470,8 +457,13 @@ def test_the_example_under_ddp_spawn_reports_what_the_spawned_run_trained(tmp_pa
     arch = [row.split(",") for row in (run_dir / "best_arch_scores.csv").read_text()
             .splitlines()[1:]]
     assert best == pytest.approx(max(float(r[2]) for r in arch), abs=5e-5) and best > 0.5
-    # the grown model came back to the launching process: the best architecture's size
+    # the grown model came back to the launching process: the best architecture's size, and
+    # its trained values (the ranks' scores average two halves of the validation set, the
+    # launching process scores it whole: they differ by at most a sample or two)
     assert kept >= 1 and int(found.group(4)) == int(arch[kept][1])
+    returned = re.search(r"^the returned model: val_acc=([\d.]+)$", run.log(), flags=re.M)
+    assert returned, run.log()
+    assert float(returned.group(1)) == pytest.approx(best, abs=0.01)
 
 
 @pytest.mark.timeout(300)

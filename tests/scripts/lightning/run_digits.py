@@ -1,8 +1,8 @@
 """A Lightning fit on sklearn digits with DendriteGrowth; each rank writes what tests check.
 
 Run as a script (Lightning's ddp launcher re-executes it for rank 1). Writes
-``<out>/rank<R>.pt`` with the final parameters, the callback's decisions and trainer state,
-and for ddp_spawn ``<out>/main.pt`` from the launching process.
+``<out>/rank<R>.pt`` with the final parameters, the callback's decisions and trainer state.
+(ddp_spawn runs ``examples/lightning_digits.py`` in the tests.)
 """
 
 from __future__ import annotations
@@ -197,7 +197,6 @@ def main() -> None:
     ap.add_argument("--save-every-epoch", action="store_true",
                     help="a checkpoint ckpt/epoch<N>.ckpt at every epoch's end, and the "
                          "parameters it holds in the record")
-    ap.add_argument("--prepare", action="store_true", help="perforate before fit")
     ap.add_argument("--rule", default="gd")
     ap.add_argument("--accelerator", default="cpu")
     ap.add_argument("--no-rewrap", action="store_true", help="negative control")
@@ -227,8 +226,6 @@ def main() -> None:
                             switch_mode=args.switch_mode, fixed_switch_num=args.fixed_switch_num,
                             retain_all_dendrites=args.retain,
                             run_dir=str(out / "perfora"))
-    if args.prepare:
-        growth.prepare(model)
     start, epochs = RecordStart(), RecordEpochs()
     callbacks: list = [growth, start]
     if args.save_every_epoch:
@@ -278,13 +275,7 @@ def main() -> None:
                                                   max(epochs.params))
         record["epoch_metrics"] = epochs.metrics
     rank = int(os.environ.get("LOCAL_RANK", trainer.global_rank))
-    if args.strategy == "ddp_spawn":
-        # this code runs in the launching process after the workers returned
-        record["main_layers"] = {n: m.num_dendrites for n, m in
-                                 __import__("perfora").dendritic_layers(model).items()}
-        torch.save(record, out / "main.pt")
-    else:
-        torch.save(record, out / f"rank{rank}.pt")
+    torch.save(record, out / f"rank{rank}.pt")
     if rank == 0:
         (out / "done.json").write_text(json.dumps({"epochs_run": record["epochs_run"]}))
     import torch.distributed as dist
