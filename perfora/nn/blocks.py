@@ -360,7 +360,11 @@ class Blockwise(nn.Module):
             return per_component(self, x)
         if x.shape[self.axis] != sum(self.out_blocks):
             return self.fn(x)  # another call of a shared activation (a ResNet block's relu)
-        outs = [self.fn(block_of(x, self.axis, s, n)) for s, n in spans(self.out_blocks)]
+        if x.is_contiguous() or dim_order(x) is not None:
+            outs = [self.fn(block_of(x, self.axis, s, n)) for s, n in spans(self.out_blocks)]
+        else:  # a strided view (a half of a fused layer's output): the narrow model's call
+            # got one too, and erf's AVX-512 kernel rounds a view and a dense copy apart
+            outs = [self.fn(x.narrow(self.axis, s, n)) for s, n in spans(self.out_blocks)]
         return joined(outs, self.axis, x)
 
     def extra_repr(self) -> str:
