@@ -22,6 +22,7 @@ from ..checkpoint.schema import validate_structure
 from ..config import PerforaConfig
 from ..distributed.collectives import all_reduce_values
 from ..errors import PerforationError
+from ..nn.fused_record import note_fused_widenings
 from ..nn.layers import dendritic_layers, unwrap_model
 from ..nn.perforation import fit_structure, layer_specs
 from ..parallel.base import ParallelBackend
@@ -125,6 +126,7 @@ def count_structure(state: ControllerState, model: nn.Module) -> None:
                                for layer in layers), default=0)
     state.num_steps = max((layer.num_dendrites + len(getattr(layer, "widenings", None) or [])
                            for layer in layers), default=0)
+    note_fused_widenings(model)  # a save_pretrained folder then says how fused layers grew
 
 
 def probe_counts(probe: ErrorSignalProbe | None, model: nn.Module) -> dict[str, int]:

@@ -15,6 +15,7 @@ from torch import nn
 from ..checkpoint.files import read_regular_file
 from ..checkpoint.schema import MAX_HEADER_BYTES
 from ..errors import CheckpointError
+from ..nn.fused_record import read_record
 from ..nn.saved_widths import widen_to_saved
 from ._common import perforate_once
 
@@ -27,7 +28,9 @@ def load_grown_pretrained(model: nn.Module, folder: str | os.PathLike, *,
     (the same ``module`` and ``perforate_kwargs``), takes the dendrite counts and widths of
     the saved tensors and loads them strictly. A layer that gained neurons is widened in one
     step: the reloaded model equals the saved one within float rounding (the saved model
-    computed each widening as a block of its own)."""
+    computed each widening as a block of its own). A fused gate-and-up layer (Phi-3's
+    ``gate_up_proj``) replays the widening steps the saved ``config.json`` records, and
+    reloads to the bit."""
     import safetensors.torch
 
     folder = Path(folder)
@@ -47,9 +50,22 @@ def load_grown_pretrained(model: nn.Module, folder: str | os.PathLike, *,
         state.update(safetensors.torch.load_file(str(file), device="cpu"))
     state = _renamed_to_model(model, state)
     _fill_tied(model, state)
-    widen_to_saved(model, state)  # layers that gained neurons in training
+    widen_to_saved(model, state, _saved_fused_steps(folder))  # grown in training
     model.load_state_dict(state, strict=True)
     return model
+
+
+def _saved_fused_steps(folder: Path) -> dict[str, list[int]]:
+    """The fused layers' widening steps that the folder's config.json records (none without
+    the file or the record)."""
+    path = folder / "config.json"
+    if not path.is_file():
+        return {}
+    try:
+        config = json.loads(read_regular_file(path, MAX_HEADER_BYTES, "config"))
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{path} is not JSON: {exc}") from exc
+    return read_record(config) if isinstance(config, dict) else {}
 
 
 def _renamed_to_model(model: nn.Module, state: dict[str, torch.Tensor]

@@ -25,6 +25,7 @@ from ..errors import ExportError
 from .blocks import plain_modules
 from .chunked import forward_index
 from .export_config import grown_widths, update_exported_config
+from .fused_record import drop_record
 from .layers import DendriticLayer, dendritic_layers, unwrap_model
 from .plain_keys import remove_plain_key_hook
 from .resize_head import remove_resize_hook
@@ -78,6 +79,7 @@ def export(model: nn.Module) -> nn.Module:
     remove_plain_key_hook(exported)
     remove_resize_hook(exported)
     update_exported_config(exported, grown_widths(inner))
+    drop_record(exported)
     return exported.eval()
 
 

@@ -27,6 +27,7 @@ from .blocks import (
     unblock_if_whole,
     without_last_block,
 )
+from .fused_record import note_fused_widenings
 from .generic_widening import cut_generic_inputs, cut_generic_outputs
 from .layers import DendriticLayer
 from .norm_widening import shrink_norm
@@ -43,6 +44,7 @@ def narrow_widenings(root: nn.Module, path: str, keep: int) -> None:
     while len(events) > keep:
         _undo(root, path, events.pop())
         layer.widenings = list(events)
+    note_fused_widenings(root)
 
 
 def _undo(root: nn.Module, path: str, event: dict[str, Any]) -> None:

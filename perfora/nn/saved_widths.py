@@ -2,8 +2,10 @@
 ``save_pretrained`` folder reloaded by ``from_pretrained``, or ``load_state_dict`` of a state
 grown elsewhere (ddp_spawn's workers hand their model back that way). Each wrapped layer whose
 saved weight has more neurons is widened, with the readers the plan finds, in one step, then
-the saved values are loaded. A fused gate-and-up layer is refused: its rows' order depends on
-the widening steps (:mod:`perfora.nn.chunked`), which only :func:`perfora.save_model` records.
+the saved values are loaded. A fused gate-and-up layer replays its widening steps instead,
+when the caller has them (``load_grown_pretrained`` reads them from the saved config,
+:mod:`perfora.nn.fused_record`); without them it is refused: its rows' order depends on the
+steps (:mod:`perfora.nn.chunked`).
 """
 
 from __future__ import annotations
@@ -15,31 +17,53 @@ from torch import nn
 
 from ..errors import PerforationError
 from .consumers import plan_widening
+from .fused_record import RECORD_KEY, steps_for
 from .layers import dendritic_layers, unwrap_model
 from .narrowing import narrow_widenings
 from .widening import out_dim, widen
 
 
-def widen_to_saved(model: nn.Module, state: Mapping[str, torch.Tensor]) -> list[str]:
+def widen_to_saved(model: nn.Module, state: Mapping[str, torch.Tensor],
+                   fused: Mapping[str, list[int]] | None = None) -> list[str]:
     """Widen the wrapped layers of ``model`` whose saved base weight in ``state`` has more
     output neurons, each in one step (the readers found by :func:`plan_widening`), so a
-    state dict saved without perfora's structure record (``save_pretrained``) loads.
+    state dict saved without perfora's structure record (``save_pretrained``) loads; a fused
+    gate-and-up layer in the steps ``fused`` gives it (path -> neurons per step).
     Returns the paths widened. Computed in one block per layer, the reloaded model equals the
     saved one within float rounding; :func:`perfora.save_model` records each step and reloads
     to the bit."""
     inner = unwrap_model(model)
     grown = _grown_layers(inner, state)
     plan = plan_widening(inner) if grown else None
+    replays: dict[str, list[int]] = {}
     for path in grown:  # refused before anything changes
         if plan is not None and path in plan.layers and plan.layers[path].chunks > 1:
-            raise PerforationError(f"{path} {_UNORDERED}")
+            replays[path] = _fused_replay(path, inner.get_submodule(path), state,
+                                          plan.layers[path].chunks, fused or {})
     widened = []
     for path in grown:  # in forward order; a partner (Llama's up_proj) widens with its layer
         extra = _grown_by(path, inner.get_submodule(path), state)
         if extra > 0:
-            widen(inner, path, extra)
+            for k in replays.get(path, [extra]):
+                widen(inner, path, k)
             widened.append(path)
     return widened
+
+
+def _fused_replay(path: str, layer: nn.Module, state: Mapping[str, torch.Tensor],
+                  chunks: int, fused: Mapping[str, list[int]]) -> list[int]:
+    """The widening steps of the fused layer at ``path`` (neurons each), checked against the
+    rows its saved weight has; PerforationError without them or when they do not add up."""
+    steps = steps_for(fused, path)
+    if steps is None:
+        raise PerforationError(f"{path} {_UNORDERED}")
+    rows = _grown_by(path, layer, state)
+    if sum(steps) * chunks != rows:
+        raise PerforationError(
+            f"{path}: the saved config's {RECORD_KEY} gives it steps of {steps} neurons, "
+            f"{sum(steps) * chunks} rows in all, but its saved weight has {rows} more rows than "
+            "the model: the config and the weights come from different runs")
+    return steps
 
 
 def _grown_layers(inner: nn.Module, state: Mapping[str, torch.Tensor]) -> list[str]:
@@ -59,9 +83,11 @@ def _grown_by(path: str, layer: nn.Module, state: Mapping[str, torch.Tensor]) ->
 
 
 _UNORDERED = ("is a fused gate-and-up layer that gained neurons: the order of its saved rows "
-              "depends on the widening steps, which this state does not record. Save the run "
-              "with perfora.save_model and load it with perfora.load_model (it replays the "
-              "steps), or load perfora.export(model)'s plain weights")
+              "depends on the widening steps, which this state does not record (a "
+              f"save_pretrained folder keeps them in config.json's {RECORD_KEY}, which "
+              "load_grown_pretrained reads). Save the run with perfora.save_model and load it "
+              "with perfora.load_model (it replays the steps), or load "
+              "perfora.export(model)'s plain weights")
 
 
 def adopt_saved_widths(module: nn.Module, state_dict: Mapping[str, torch.Tensor], prefix: str,

@@ -40,6 +40,7 @@ from .blocks import (
     same_layout,
 )
 from .consumers import LayerPlan, plan_widening
+from .fused_record import note_fused_widenings
 from .generic_widening import grow_generic_inputs, grow_generic_outputs
 from .layers import DendriticLayer, unwrap_model
 from .narrowing import change_neuron_count, narrow_widenings
@@ -143,6 +144,8 @@ def widen(model: nn.Module, layer: str | LayerPlan, k: int,
              **({"chunks": entry.chunks} if entry.chunks > 1 else {})}
     target = inner.get_submodule(entry.path)
     target.widenings = [*(record or []), _jsonable(event)]
+    if entry.chunks > 1:
+        note_fused_widenings(inner)
     return entry
 
 

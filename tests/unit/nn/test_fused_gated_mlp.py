@@ -7,6 +7,7 @@ reads. Before, the layer was refused ("a fused gate-and-up projection")."""
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 import torch
@@ -143,7 +144,7 @@ def test_a_plain_state_dict_of_a_grown_fused_layer_is_refused_with_load_model():
 
 
 def test_the_weights_of_a_grown_fused_layer_alone_are_refused_by_load_grown_pretrained(tmp_path):
-    # trainer.save_model's folder holds the weights only, not the widening steps
+    # weights saved without the config: nothing says in which steps the layer grew
     from perfora.integrations.transformers import load_grown_pretrained
 
     safetensors = pytest.importorskip("safetensors.torch")
@@ -152,9 +153,71 @@ def test_the_weights_of_a_grown_fused_layer_alone_are_refused_by_load_grown_pret
     perfora.widen(grown, fused, 4)
     safetensors.save_file(grown.state_dict(), str(tmp_path / "model.safetensors"))
     fresh = _build("phi3")[0]
-    with pytest.raises(perfora.PerforationError, match=f"{fused} is a fused gate-and-up layer"):
+    with pytest.raises(perfora.PerforationError, match=f"{fused} is a fused gate-and-up layer"
+                       r".*config.json's perfora_fused_widenings"):
         load_grown_pretrained(fresh, tmp_path)
     assert fresh.get_submodule(fused).source.out_features == 128  # nothing was changed
+
+
+@pytest.mark.parametrize("name", ["phi3", "modernbert"])
+@pytest.mark.parametrize("dendrites", [False, True])
+def test_a_save_pretrained_folder_of_a_grown_fused_layer_reloads_to_the_bit(tmp_path, name,
+                                                                           dendrites):
+    # the config records the widening steps (4 then 8 neurons: a one-step widening of 12
+    # would read the first step's up rows as gate rows), load_grown_pretrained replays them
+    from perfora.integrations.transformers import load_grown_pretrained
+
+    model, fused = _build(name)
+    grown = perfora.perforate(model)
+    if dendrites:
+        grown.get_submodule(fused).grow()
+    perfora.widen(grown, fused, 4)
+    perfora.widen(grown, fused, 8)
+    with torch.no_grad():  # trained values, so the new rows and columns are not zero
+        for p in grown.parameters():
+            p.add_(0.01 * torch.randn(p.shape, generator=torch.Generator().manual_seed(2)))
+    assert grown.config.perfora_fused_widenings == {fused: [4, 8]}
+    grown.save_pretrained(tmp_path)
+    config = type(grown.config).from_pretrained(tmp_path)
+    fresh = load_grown_pretrained(type(model)(config), tmp_path)
+    assert fresh.get_submodule(fused).num_dendrites == int(dendrites)
+    assert torch.equal(_out(fresh.eval()), _out(grown.eval()))
+
+
+def test_the_record_follows_the_rewind_and_an_exported_config_has_none(tmp_path):
+    from perfora.nn.narrowing import narrow_widenings
+
+    model, fused = _build("phi3")
+    grown = perfora.perforate(model)
+    perfora.widen(grown, fused, 4)
+    perfora.widen(grown, fused, 8)
+    narrow_widenings(grown, fused, 1)
+    assert grown.config.perfora_fused_widenings == {fused: [4]}
+    exported = perfora.export(grown)
+    assert not hasattr(exported.config, "perfora_fused_widenings")
+    assert grown.config.perfora_fused_widenings == {fused: [4]}  # the export copied the config
+    narrow_widenings(grown, fused, 0)
+    assert not hasattr(grown.config, "perfora_fused_widenings")
+
+
+def test_a_record_that_does_not_match_the_weights_is_refused_before_anything_changes(tmp_path):
+    from perfora.integrations.transformers import load_grown_pretrained
+
+    model, fused = _build("phi3")
+    grown = perfora.perforate(model)
+    perfora.widen(grown, fused, 4)
+    grown.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["perfora_fused_widenings"] = {fused: [2, 4]}  # 12 rows, the weight has 8 more
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    fresh = _build("phi3")[0]
+    with pytest.raises(perfora.PerforationError, match="different runs"):
+        load_grown_pretrained(fresh, tmp_path)
+    assert fresh.get_submodule(fused).source.out_features == 128
+    config["perfora_fused_widenings"] = {fused: "4"}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(perfora.PerforationError, match="lists of positive neuron counts"):
+        load_grown_pretrained(_build("phi3")[0], tmp_path)
 
 
 class _GateReadTwice(torch.nn.Module):
@@ -216,6 +279,15 @@ def test_a_trainer_run_resumed_after_a_neuron_step_ends_with_the_same_weights(tm
     resumed.train(resume_from_checkpoint=str(tmp_path / "run" / "checkpoint-2"))
     for (name, a), (_, b) in zip(sorted(whole.model.state_dict().items()),
                                  sorted(resumed.model.state_dict().items()), strict=True):
+        assert torch.equal(a, b), name
+    # and trainer.save_model's folder reloads into a model built from its config
+    from perfora.integrations.transformers import load_grown_pretrained
+
+    whole.save_model(str(tmp_path / "saved"))
+    config = T.Phi3Config.from_pretrained(tmp_path / "saved")
+    loaded = load_grown_pretrained(T.Phi3ForCausalLM(config), tmp_path / "saved")
+    for (name, a), (_, b) in zip(sorted(whole.model.state_dict().items()),
+                                 sorted(loaded.state_dict().items()), strict=True):
         assert torch.equal(a, b), name
 
 
