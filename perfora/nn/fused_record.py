@@ -16,6 +16,7 @@ from typing import Any
 from torch import nn
 
 from ..errors import PerforationError
+from ..warn import warn_user
 from .export_config import hf_models
 from .layers import unwrap_model
 
@@ -39,10 +40,16 @@ def note_fused_widenings(model: nn.Module) -> None:
     out where no fused layer holds a widening): called wherever widths change."""
     for hf in hf_models(unwrap_model(model)).values():
         steps, config = fused_steps(hf), hf.config
-        if steps:
-            setattr(config, RECORD_KEY, steps)
-        elif RECORD_KEY in vars(config):
-            delattr(config, RECORD_KEY)
+        try:
+            if steps:
+                setattr(config, RECORD_KEY, steps)
+            elif RECORD_KEY in vars(config):
+                delattr(config, RECORD_KEY)
+        except (AttributeError, TypeError, ValueError) as exc:  # a config that takes no extras
+            warn_user(f"perfora: {type(config).__name__} does not take the attribute "
+                      f"{RECORD_KEY} ({exc}), so a save_pretrained folder of this model will "
+                      "not say how its fused gate-and-up layers grew; save it with "
+                      "perfora.save_model to reload it")
 
 
 def drop_record(model: nn.Module) -> None:

@@ -310,3 +310,20 @@ def test_a_fused_block_that_does_not_trace_is_refused():
                    "output into 2 parts is not known")
     assert "0.gate_up_proj" in perfora.plan_widening(
         perfora.perforate(torch.nn.Sequential(FusedGatedMLP(8, 16)))).widenable
+
+
+def test_a_config_that_takes_no_record_warns_and_growth_goes_on():
+    # growth must not fail over the record: the warning names the way to reload instead
+    class NoExtras(T.Phi3Config):
+        def __setattr__(self, key, value):
+            if key == "perfora_fused_widenings":
+                raise TypeError(f"{key}: not a field of this config")
+            super().__setattr__(key, value)
+
+    torch.manual_seed(0)
+    grown = perfora.perforate(T.Phi3Model(NoExtras(num_key_value_heads=2, **SIZES)))
+    fused = "layers.0.mlp.gate_up_proj"
+    with pytest.warns(UserWarning, match="perfora.save_model"):
+        perfora.widen(grown, fused, 4)
+    assert grown.get_submodule(fused).source.out_features == 2 * (64 + 4)
+    assert not hasattr(grown.config, "perfora_fused_widenings")
