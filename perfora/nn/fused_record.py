@@ -31,8 +31,17 @@ def fused_steps(root: nn.Module) -> dict[str, list[int]]:
     for path, module in root.named_modules():
         events = getattr(module, "widenings", None) or []
         if any(int(event.get("chunks", 1)) > 1 for event in events):
-            out[path] = [int(event["k"]) for event in events]
+            out[_model_path(path)] = [int(event["k"]) for event in events]
     return out
+
+
+_WRAPPER_SEGMENTS = frozenset({"_fsdp_wrapped_module", "_checkpoint_wrapped_module"})
+
+
+def _model_path(path: str) -> str:
+    """``path`` under the model's own names, as its state dict keys are: without the
+    segments FSDP1's and activation checkpointing's wrappers add."""
+    return ".".join(part for part in path.split(".") if part not in _WRAPPER_SEGMENTS)
 
 
 def note_fused_widenings(model: nn.Module) -> None:

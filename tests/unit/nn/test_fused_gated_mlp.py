@@ -327,3 +327,15 @@ def test_a_config_that_takes_no_record_warns_and_growth_goes_on():
         perfora.widen(grown, fused, 4)
     assert grown.get_submodule(fused).source.out_features == 2 * (64 + 4)
     assert not hasattr(grown.config, "perfora_fused_widenings")
+
+
+def test_the_record_names_layers_as_the_state_dict_does_inside_wrappers():
+    # FSDP1 and activation checkpointing put a wrapper segment into each wrapped path
+    from perfora.nn.fused_record import fused_steps
+
+    inner = perfora.perforate(torch.nn.Sequential(torch.nn.Linear(4, 8), FusedGatedMLP(8, 16)))
+    perfora.widen(inner, "1.gate_up_proj", 4)
+    outer, middle = torch.nn.Module(), torch.nn.Module()
+    middle.add_module("_checkpoint_wrapped_module", inner)
+    outer.add_module("_fsdp_wrapped_module", middle)
+    assert fused_steps(outer) == {"1.gate_up_proj": [4]}
