@@ -46,6 +46,7 @@ from .lightning_restore import (
 from .lightning_support import (
     load_grown_checkpoint,
     prime_optimizer_state,
+    refuse_fused_neurons_when_spawned,
     reinitialize_deepspeed,
     saved_callback_state,
     strategy_schedulers,
@@ -186,6 +187,10 @@ class DendriteGrowth(GrowthCallback, Callback):
                 "layers that process does not have. Perforate the model there before fit: "
                 "growth = DendriteGrowth(...); growth.prepare(model); trainer.fit(model)")
         self.prepare(pl_module)
+        if isinstance(getattr(strategy, "launcher", None), _MultiProcessingLauncher):
+            refuse_fused_neurons_when_spawned(
+                self.target(pl_module), self.config, f"{type(strategy).__name__} with start "
+                f"method {getattr(strategy, '_start_method', '?')!r}")
         self._pl_module = pl_module
         self.controller = None
         if self._sharded(strategy):

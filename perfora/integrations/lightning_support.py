@@ -13,7 +13,9 @@ from typing import Any
 
 import torch
 
-from ..errors import CheckpointError
+from ..config import PerforaConfig
+from ..errors import CheckpointError, PerforaError
+from ..growth.neuron_growth import widening_targets
 from ..nn.perforation import fit_structure
 
 
@@ -171,3 +173,22 @@ def _grown_module(state: Mapping[str, Any], structure: Mapping[str, Any]) -> str
         if key.startswith(f"{layer}."):
             return None
     return None
+
+
+def refuse_fused_neurons_when_spawned(target: torch.nn.Module, config: PerforaConfig,
+                                      strategy_name: str) -> None:
+    """Before a spawned fit trains: the launching process gets the trained weights back
+    through ``load_state_dict``, which cannot say in which steps a fused gate-and-up layer
+    (Phi-3's ``gate_up_proj``) gained neurons, so such a run could only fail at its end."""
+    if config.growth == "dendrites" or config.max_neuron_steps == 0:
+        return
+    fused = [path for path, entry in widening_targets(target, config.neuron_pairs).items()
+             if entry.chunks > 1]
+    if fused:
+        raise PerforaError(
+            f"strategy {strategy_name} hands the trained weights back to the launching "
+            "process with load_state_dict, and the fused gate-and-up layer"
+            f"{'s' if len(fused) > 1 else ''} {', '.join(fused[:3])} would gain neurons in "
+            "steps a state dict does not record, so the run would fail when it ends. Use "
+            "strategy='ddp' (the launcher starts each rank as a process of its own), or "
+            "growth='dendrites' (or max_neuron_steps=0)")

@@ -399,6 +399,29 @@ def test_unsupported_strategies_are_refused_with_the_alternative(tmp_path):
     assert perfora.dendritic_layers(model.net)
 
 
+@pytest.mark.timeout(60)
+def test_a_spawned_fit_that_would_grow_a_fused_layer_is_refused_before_it_trains():
+    # the weights come back through load_state_dict, which cannot order a fused layer's rows
+    from tests.support.widening import FusedGatedMLP
+
+    class FusedNet(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = torch.nn.Sequential(torch.nn.Linear(4, 8), FusedGatedMLP(8, 16),
+                                           torch.nn.Linear(8, 3))
+
+    model = FusedNet()
+    spawn = pl.Trainer(accelerator="cpu", devices=2, strategy="ddp_spawn", logger=False)
+    growth = DendriteGrowth(module="net")  # growth='auto': neurons too
+    growth.prepare(model)
+    with pytest.raises(PerforaError, match=r"1.gate_up_proj would gain neurons.*"
+                                           r"strategy='ddp'.*growth='dendrites'"):
+        growth.setup(spawn, model, "fit")
+    DendriteGrowth(module="net", growth="dendrites").setup(spawn, model, "fit")  # accepted
+    ddp = pl.Trainer(accelerator="cpu", devices=2, strategy="ddp", logger=False)
+    DendriteGrowth(module="net").setup(ddp, model, "fit")  # ranks started apart: accepted
+
+
 def test_primed_adam_takes_the_same_first_step_as_a_fresh_one():
     torch.manual_seed(0)
     a = torch.nn.Parameter(torch.randn(4, 3))
