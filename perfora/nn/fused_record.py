@@ -83,10 +83,10 @@ def read_record(config: Mapping[str, Any]) -> dict[str, list[int]]:
 
 
 def steps_for(record: Mapping[str, list[int]], path: str) -> list[int] | None:
-    """The steps ``record`` gives the layer at ``path``: its own entry, or the one entry whose
-    path ends the same way (a record written from a model nested in the one loading, e.g.
-    ``Phi3Model`` inside ``Phi3ForCausalLM``, which share one config)."""
+    """The steps ``record`` gives the layer at ``path``: its own entry, or the one entry that
+    ``path`` ends with (a record written from a model nested in the one loading, e.g. a
+    controller given ``Phi3Model`` inside ``Phi3ForCausalLM``: the two share one config)."""
     if path in record:
         return list(record[path])
-    matches = [key for key in record if path.endswith(f".{key}") or key.endswith(f".{path}")]
+    matches = [key for key in record if path.endswith(f".{key}")]
     return list(record[matches[0]]) if len(matches) == 1 else None

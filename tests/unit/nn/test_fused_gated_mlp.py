@@ -218,6 +218,29 @@ def test_a_record_that_does_not_match_the_weights_is_refused_before_anything_cha
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(perfora.PerforationError, match="lists of positive neuron counts"):
         load_grown_pretrained(_build("phi3")[0], tmp_path)
+    (tmp_path / "config.json").write_text("{")
+    with pytest.raises(perfora.CheckpointError, match="config.json is not JSON"):
+        load_grown_pretrained(_build("phi3")[0], tmp_path)
+
+
+def test_a_record_written_from_the_inner_model_reloads_the_outer_one(tmp_path):
+    # a controller given Phi3Model (DendriteGrowthCallback(module="model")) writes paths
+    # inside it into the config it shares with Phi3ForCausalLM
+    from perfora.integrations.transformers import load_grown_pretrained
+
+    model, fused = _build("phi3", head=True)
+    perfora.perforate(model.model)
+    perfora.widen(model.model, "layers.0.mlp.gate_up_proj", 4)
+    perfora.widen(model.model, "layers.0.mlp.gate_up_proj", 8)
+    assert model.config.perfora_fused_widenings == {"layers.0.mlp.gate_up_proj": [4, 8]}
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.01 * torch.randn(p.shape, generator=torch.Generator().manual_seed(3)))
+    model.save_pretrained(tmp_path)
+    fresh = T.Phi3ForCausalLM(T.Phi3Config.from_pretrained(tmp_path))
+    fresh = load_grown_pretrained(fresh, tmp_path, module="model")
+    assert fresh.get_submodule(fused).source.out_features == 2 * (64 + 12)
+    assert torch.equal(_out(fresh.eval()), _out(model.eval()))
 
 
 class _GateReadTwice(torch.nn.Module):
