@@ -55,7 +55,6 @@ from .plan_types import (
     ELEMENTWISE,
     JOINT_NORMS,
     POOLING,
-    WIDTH_EXACT,
     LayerPlan,
     WideningPlan,
     axis_of,
@@ -63,6 +62,7 @@ from .plan_types import (
     is_consumer,
     is_grouped_conv,
     is_producer,
+    is_width_exact,
     parametrized,
     refuse,
     width_of,
@@ -198,7 +198,7 @@ def _refuse_shared(model: nn.Module, plan: WideningPlan) -> None:
 def _shared_reason(module: Any, name: str, paths: Mapping[int, list[str]],
                    owners: Mapping[int, list[str]]) -> str | None:
     """Why widening through ``module`` (at ``name``) would break another use of it, or None."""
-    if not isinstance(module, nn.Module) or isinstance(module, WIDTH_EXACT):
+    if not isinstance(module, nn.Module) or is_width_exact(module):
         return None  # a function, or an activation exact on any width (relu)
     others = [p for p in paths.get(id(module), []) if p != name]
     if others and isinstance(module, ELEMENTWISE):
@@ -345,7 +345,7 @@ def _traced(model: nn.Module, wanted: set[str],
         entry = _follow_graph(model, node)
         # a shared relu is fine: a widening leaves it as it is
         shared = [p for p, _ in [*entry.consumers, *entry.through] if calls[p] > 1
-                  and not isinstance(_module_at(model, p), WIDTH_EXACT)]
+                  and not is_width_exact(_module_at(model, p))]
         if entry.widenable and shared:
             fix = "; give each call its own module" if isinstance(
                 _module_at(model, shared[0]), ELEMENTWISE) else ""
@@ -361,7 +361,7 @@ def _after_flatten(path: str, module: nn.Module) -> str | None:
     relu-like modules are exact on any width, and so is dropout in eval mode (in training
     its mask, random either way, is drawn over the wider tensor). Anything else would have
     to be split by neuron in the flattened layout, which a widening does not do."""
-    if isinstance(module, (*WIDTH_EXACT, *DROPOUT)):
+    if is_width_exact(module) or isinstance(module, DROPOUT):
         return None
     return (f"its output is flattened and then goes through {path} "
             f"({type(module).__name__}), which a widening splits by neuron only before a "

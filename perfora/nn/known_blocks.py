@@ -1,7 +1,8 @@
 """The feed-forward pairs of known Transformer blocks (torch's; BERT, DistilBERT, ALBERT; GPT-2,
 GPT-Neo, GPTBigCode, Llama, T5; the fused gate-and-up projections of Phi-3, GLM and ModernBERT;
 ViT and CLIP MLPs; GPT-NeoX/Falcon/BLOOM/GPT-J MLPs; OPT and BART-family layers; wav2vec
-2.0-family feed-forwards; SegFormer's Mix-FFN) and of ConvNeXt blocks: which hidden layer gains
+2.0-family feed-forwards; SegFormer's Mix-FFN) and of ConvNeXt blocks, LeViT's MLPs and
+PoolFormer's channel MLPs (:mod:`perfora.nn.vision_mlps`): which hidden layer gains
 neurons and what reads it, and refusals for the rest of those blocks (the residual width,
 attention projections). Only the hidden width grows. Also the inverted residual blocks of
 transformers' MobileNetV2, MobileViT and EfficientNet (:mod:`perfora.nn.inverted_residual`),
@@ -16,6 +17,7 @@ from .blocks import is_hf_conv1d
 from .inverted_residual import efficientnet_block, inverted_residual
 from .layers import DendriticLayer
 from .plan_types import ATTENTION_NAMES, RESIDUAL, LayerPlan, is_producer, refuse, width_of
+from .vision_mlps import vision_mlp
 
 
 def known_blocks(model: nn.Module) -> list[LayerPlan]:
@@ -29,6 +31,7 @@ def known_blocks(model: nn.Module) -> list[LayerPlan]:
 
         convs = inverted_residual(m, pre)
         convs = efficientnet_block(m, pre) if convs is None else convs
+        convs = vision_mlp(m, pre) if convs is None else convs  # LeViT, PoolFormer
         if convs is not None:
             out.extend(convs)
         elif isinstance(m, nn.TransformerEncoderLayer | nn.TransformerDecoderLayer):

@@ -31,7 +31,7 @@ from .fused_record import note_fused_widenings
 from .generic_widening import cut_generic_inputs, cut_generic_outputs
 from .layers import DendriticLayer
 from .norm_widening import shrink_norm
-from .plan_types import WIDTH_EXACT, is_grouped_conv
+from .plan_types import is_grouped_conv, is_width_exact
 
 
 def narrow_widenings(root: nn.Module, path: str, keep: int) -> None:
@@ -197,7 +197,7 @@ def _shrink_through(root: nn.Module, path: str, k: int) -> None:
     if is_grouped_conv(target):
         _shrink_depthwise(target, k, path)
         return
-    if isinstance(target, WIDTH_EXACT):
+    if is_width_exact(target):
         return  # a widening left it as it was
     if not isinstance(target, Blockwise):
         raise PerforationError(f"{path}: expected the block-wise wrapper a widening left, "

@@ -28,6 +28,17 @@ ATTENTION_NAMES = {"q_proj", "k_proj", "v_proj", "o_proj", "out_proj", "query", 
 RESIDUAL = "its output is added into the residual stream (d_model), which many layers read"
 
 
+def is_width_exact(module: object) -> bool:
+    """True for a module a widening leaves as it is, exact on any width: relu-like
+    activations, identity, and a drop path (stochastic depth), which scales each sample by one
+    random number drawn the same way whatever the width."""
+    if isinstance(module, WIDTH_EXACT):
+        return True
+    return isinstance(module, nn.Module) and type(module).__name__.endswith("DropPath") \
+        and not any(True for _ in module.parameters()) \
+        and not any(True for _ in module.buffers())
+
+
 @dataclass
 class LayerPlan:
     """One layer: can it gain neurons, and if so what changes with it.

@@ -45,7 +45,7 @@ from .generic_widening import grow_generic_inputs, grow_generic_outputs
 from .layers import DendriticLayer, unwrap_model
 from .narrowing import change_neuron_count, narrow_widenings
 from .norm_widening import neuron_multiple, widen_norm
-from .plan_types import WIDTH_EXACT, is_grouped_conv
+from .plan_types import is_grouped_conv, is_width_exact
 
 
 def gradmax_init(x: torch.Tensor, g_y: torch.Tensor, k: int, scale: float) -> torch.Tensor:
@@ -382,7 +382,7 @@ def _widen_through(root: nn.Module, path: str, axis: int, k: int, width: int,
     if isinstance(target, Blockwise):
         target.out_blocks = [*target.out_blocks, k]
         return
-    if isinstance(target, WIDTH_EXACT):
+    if is_width_exact(target):
         return  # exact on any width: left as it is (and so free to be shared)
     raise_if_stateful(target, path)
     wrapped = Blockwise(target, axis, [width, k])
