@@ -66,6 +66,12 @@ def _specs(t) -> dict[str, tuple[Callable[[], nn.Module], Callable[[], Inputs]]]
         "phi": (lambda: t.PhiModel(t.PhiConfig(vocab_size=64, **_LAYERS)), _text),
         "qwen3": (lambda: t.Qwen3Model(t.Qwen3Config(vocab_size=64, num_key_value_heads=2,
                                                      head_dim=16, **_LAYERS)), _text),
+        "gemma2": (lambda: t.Gemma2Model(t.Gemma2Config(vocab_size=64, num_key_value_heads=2,
+                                                       head_dim=16, **_LAYERS)), _text),
+        "olmo2": (lambda: t.Olmo2Model(t.Olmo2Config(vocab_size=64, num_key_value_heads=2,
+                                                     **_LAYERS)), _text),
+        "nemotron": (lambda: t.NemotronModel(t.NemotronConfig(
+            vocab_size=64, num_key_value_heads=2, **_LAYERS)), _text),
         "mixtral": (lambda: t.MixtralModel(t.MixtralConfig(
             vocab_size=64, num_key_value_heads=2, num_local_experts=2, **_LAYERS)), _text),
         "falcon": (lambda: t.FalconModel(t.FalconConfig(
@@ -95,6 +101,11 @@ def _specs(t) -> dict[str, tuple[Callable[[], nn.Module], Callable[[], Inputs]]]
                        _text),
         "electra": (lambda: t.ElectraModel(t.ElectraConfig(vocab_size=64, embedding_size=32,
                                                            **_LAYERS)), _text),
+        "xlnet": (lambda: t.XLNetModel(t.XLNetConfig(d_model=32, n_layer=2, n_head=2, d_inner=64,
+                                                     vocab_size=64)), _text),
+        "funnel": (lambda: t.FunnelModel(t.FunnelConfig(d_model=32, n_head=2, d_head=16,
+                                                        d_inner=64, block_sizes=[1, 1],
+                                                        vocab_size=64)), _text),
         "t5": (lambda: t.T5Model(t.T5Config(num_layers=1, d_model=32, d_ff=64, num_heads=2,
                                             d_kv=16, vocab_size=64)), _text_pair),
         "bart": (lambda: t.BartModel(t.BartConfig(**_SEQ2SEQ)), _text_pair),
@@ -113,6 +124,14 @@ def _specs(t) -> dict[str, tuple[Callable[[], nn.Module], Callable[[], Inputs]]]
             image_size=32, patch_size=8, **_LAYERS)), _image),
         "clip_vision": (lambda: t.CLIPVisionModel(t.CLIPVisionConfig(
             image_size=32, patch_size=8, **_LAYERS)), _image),
+        "vitdet": (lambda: t.VitDetModel(t.VitDetConfig(image_size=32, pretrain_image_size=32,
+                                                        patch_size=8, **_LAYERS)), _image),
+        "pvt": (lambda: t.PvtModel(t.PvtConfig(image_size=32, hidden_sizes=[16, 32, 32, 32],
+                                               depths=[1, 1, 1, 1],
+                                               num_attention_heads=[1, 1, 1, 1])), _image),
+        "focalnet": (lambda: t.FocalNetModel(t.FocalNetConfig(
+            image_size=32, patch_size=4, embed_dim=16, depths=[1, 1], focal_levels=[1, 1],
+            focal_windows=[3, 3])), _image),
         "swin": (lambda: t.SwinModel(t.SwinConfig(image_size=32, patch_size=4, embed_dim=16,
                                                   depths=[1, 1], num_heads=[2, 2],
                                                   window_size=4)), _image),

@@ -15,9 +15,10 @@ input columns. The readers are found, in this order:
    InstanceNorm, and GroupNorm in whole groups), depthwise convs
    (which gain channels of their own) and ``Flatten``, and into transformers' ``*ConvLayer``
    modules (ResNet);
-4. ``torch.fx`` symbolic tracing, where the model traces; it also follows a chain that
-   leaves its ``nn.Sequential`` before the reader (VGG's ``features`` -> ``classifier``), and
-   through a squeeze-excitation gate (:mod:`perfora.nn.gates`).
+4. ``torch.fx`` symbolic tracing (:mod:`perfora.nn.fx_follow`), where the model traces, else
+   in the blocks around the layer whose forwards trace (an MLP block); it also follows a chain
+   that leaves its ``nn.Sequential`` before the reader (VGG's ``features`` -> ``classifier``),
+   and through a squeeze-excitation gate (:mod:`perfora.nn.gates`).
 
 A layer whose output is normalised jointly (LayerNorm, RMSNorm), added to a residual
 stream, split into attention heads, or read by something unknown is refused, with the reason,
@@ -26,40 +27,37 @@ and so is a widening that would change a module used twice (called twice, or at 
 
 from __future__ import annotations
 
-import operator
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..errors import PerforationError
-from .blocks import (
-    CHANNEL_NORMS,
-    CONV_TYPES,
-    BlockedLayer,
-    BlockedNorm,
-    Blockwise,
-    is_hf_conv1d,
-)
+from .blocks import CHANNEL_NORMS, CONV_TYPES
 from .explicit_pairs import checked_pairs, explicit_entry
-from .fx_reshapes import flattens_from_dim1, is_shape_query, unfollowed_call
-from .gates import gate_of
+from .fx_follow import (
+    LAST_AXIS,
+    after_flatten,
+    module_at,
+    pass_depthwise,
+    trace_model,
+    traced,
+    traced_in_blocks,
+    unknown_reader,
+)
 from .known_blocks import known_blocks
 from .layers import DendriticLayer
 from .norm_widening import norm_reason
 from .plan_types import (
     DROPOUT,
-    ELEMENTWISE,
     JOINT_NORMS,
     POOLING,
     LayerPlan,
     WideningPlan,
     axis_of,
-    grouped_reason,
     is_consumer,
+    is_elementwise,
     is_grouped_conv,
     is_producer,
     is_width_exact,
@@ -68,17 +66,7 @@ from .plan_types import (
     width_of,
 )
 
-# functions that compute each element the same way whatever the tensor's width
-_EXACT_FUNCTIONS = {F.relu, torch.relu, F.relu6, F.hardtanh, F.max_pool1d, F.max_pool2d,
-                    F.max_pool3d}
-_POOL_FUNCTIONS = {F.max_pool1d, F.max_pool2d, F.max_pool3d}
-_EXACT_METHODS = {"relu", "relu_"}
-# dropout: exact in eval (in training its mask, random either way, covers the wider tensor)
-_EXACT_FUNCTIONS |= {F.dropout, torch.dropout}
-_LAST_AXIS = ("a Linear's neurons are on the last axis of its output, and {0} ({1}) works on "
-              "dim 1, the same axis only when the output is 2-D, which the plan cannot know")
 _LEAVES = "its output leaves the nn.Sequential"
-_ADDS = {operator.add, operator.iadd, torch.add, operator.sub, torch.sub}
 
 
 def plan_widening(model: nn.Module, pairs: Mapping[str, Any] | None = None, *,
@@ -131,20 +119,24 @@ def plan_widening(model: nn.Module, pairs: Mapping[str, Any] | None = None, *,
     unchecked = {p for p in (pairs or {}) if p not in found and plan.layers[p].widenable}
     graph: torch.fx.Graph | Exception | None = None
     if trace and unchecked:
-        graph = _trace(model)
+        graph = trace_model(model)
         if isinstance(graph, torch.fx.Graph):
-            found.update({e.path: e for e in _traced(model, unchecked, graph)})
+            found.update({e.path: e for e in traced(model, unchecked, graph)})
     if trace and set(candidates) - decided | chained:
-        graph = _trace(model) if graph is None else graph
-        for entry in _traced(model, set(candidates) - decided, graph):
-            if entry.path in leaving and not isinstance(graph, torch.fx.Graph):
-                continue  # no graph: the chain's own reason says more
+        graph = trace_model(model) if graph is None else graph
+        whole = isinstance(graph, torch.fx.Graph)
+        undecided = set(candidates) - decided
+        entries = traced(model, undecided, graph) if whole else \
+            traced_in_blocks(model, undecided, graph)  # the blocks' own graphs, where they trace
+        for entry in entries:
+            if entry.path in leaving and not whole and not entry.widenable:
+                continue  # no graph found its reader: the chain's own reason says more
             plan.layers[entry.path] = entry
         if isinstance(graph, torch.fx.Graph):
             # a forward may also run a Sequential's steps one by one and keep their outputs:
             # where the model traces, the graph has the last word on a chain it would refuse
             wanted = {p for p in chained if plan.layers[p].widenable}
-            for entry in _traced(model, wanted, graph):
+            for entry in traced(model, wanted, graph):
                 if not entry.widenable:
                     plan.layers[entry.path] = entry
     for path, entry in found.items():
@@ -166,12 +158,6 @@ _GROUPED = ("a grouped convolution (groups={}) cannot gain neurons of its own; a
             "gains channels with the layer that feeds it")
 
 
-def _module_at(model: nn.Module, path: str) -> Any:
-    """The module (or function attribute, e.g. a Transformer block's activation) at ``path``."""
-    parent, _, attr = path.rpartition(".")
-    return getattr(model.get_submodule(parent) if parent else model, attr, None)
-
-
 def _refuse_shared(model: nn.Module, plan: WideningPlan) -> None:
     """Refuse a widening that changes a module reachable at two paths of the model (one
     object used twice), a layer whose weight is tied to another module's, or a parametrized
@@ -189,7 +175,7 @@ def _refuse_shared(model: nn.Module, plan: WideningPlan) -> None:
         changed = [path, *entry.partners, *(p for p, _ in entry.consumers),
                    *(p for p, _ in entry.through)]
         for name in changed:
-            why = _shared_reason(_module_at(model, name), name, paths, owners)
+            why = _shared_reason(module_at(model, name), name, paths, owners)
             if why:
                 plan.layers[path] = refuse(path, why, entry.found_by)
                 break
@@ -201,7 +187,7 @@ def _shared_reason(module: Any, name: str, paths: Mapping[int, list[str]],
     if not isinstance(module, nn.Module) or is_width_exact(module):
         return None  # a function, or an activation exact on any width (relu)
     others = [p for p in paths.get(id(module), []) if p != name]
-    if others and isinstance(module, ELEMENTWISE):
+    if others and is_elementwise(module):
         return (f"{name} ({type(module).__name__}) is the same module as {others[0]}: a "
                 "widening applies it block by block to stay exact, which one module shared by "
                 "two uses cannot do; give each use its own module")
@@ -269,10 +255,10 @@ def _follow(pre: str, name: str, producer: nn.Module,
     for child_name, child in rest:
         cpath = pre + child_name
         if axis == -1 and isinstance(child, (*POOLING, nn.Flatten)):
-            return refuse(path, _LAST_AXIS.format(cpath, type(child).__name__), by)
-        if isinstance(child, (*ELEMENTWISE, *DROPOUT, *POOLING)):
+            return refuse(path, LAST_AXIS.format(cpath, type(child).__name__), by)
+        if is_elementwise(child) or isinstance(child, (*DROPOUT, *POOLING)):
             if flat:
-                why = _after_flatten(cpath, child)
+                why = after_flatten(cpath, child)
                 if why:
                     return refuse(path, why, by)
             elif not isinstance(child, nn.Identity):
@@ -295,166 +281,13 @@ def _follow(pre: str, name: str, producer: nn.Module,
             entry.consumers.append((cpath, have // width))
             return entry
         elif is_grouped_conv(child):
-            why = _pass_depthwise(entry, cpath, child, width, axis, flat)
+            why = pass_depthwise(entry, cpath, child, width, axis, flat)
             if why:
                 return refuse(path, why, by)
         elif isinstance(child, JOINT_NORMS):
             return refuse(path, f"its outputs are normalised jointly by {cpath} "
                                  f"({type(child).__name__})", by)
         else:
-            return refuse(path, _unknown_reader(cpath, child), by)
+            return refuse(path, unknown_reader(cpath, child), by)
     return refuse(path, f"{_LEAVES} {seq_path or '(model)'}, so its consumer is unknown "
                          "(and the model does not trace with torch.fx); pass pairs=", by)
-
-
-class _LeafTracer(torch.fx.Tracer):
-    def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
-        # perfora's own modules, and the widened (blocked) forms of torch's, are leaves as
-        # the torch modules they stand for are: followed by type, never traced into
-        return isinstance(m, DendriticLayer | Blockwise | BlockedLayer | BlockedNorm) \
-            or is_hf_conv1d(m) or super().is_leaf_module(m, qualname)
-
-
-def _trace(model: nn.Module) -> torch.fx.Graph | Exception:
-    """The model's torch.fx graph, or why it does not trace."""
-    try:
-        return _LeafTracer().trace(model)
-    except Exception as exc:  # noqa: BLE001 - any trace failure means: fx cannot tell
-        return exc
-
-
-def _traced(model: nn.Module, wanted: set[str],
-            graph: torch.fx.Graph | Exception) -> list[LayerPlan]:
-    """Follow each wanted producer's output through the model's torch.fx ``graph``."""
-    if not isinstance(graph, torch.fx.Graph):
-        reason = (f"not in an nn.Sequential chain or a known block, and torch.fx cannot trace "
-                  f"the model ({type(graph).__name__}); pass pairs=")
-        return [refuse(p, reason, "torch.fx") for p in sorted(wanted)]
-    calls = Counter(str(node.target) for node in graph.nodes if node.op == "call_module")
-    out, done = [], set()
-    for node in graph.nodes:
-        target = str(node.target)
-        if node.op != "call_module" or target not in wanted or target in done:
-            continue
-        done.add(target)
-        if calls[target] > 1:
-            out.append(refuse(target, f"it is called {calls[target]} times (its weights are "
-                                       "shared by those calls), so its readers cannot be "
-                                       "widened apart; pass pairs= if they can", "torch.fx"))
-            continue
-        entry = _follow_graph(model, node)
-        # a shared relu is fine: a widening leaves it as it is
-        shared = [p for p, _ in [*entry.consumers, *entry.through] if calls[p] > 1
-                  and not is_width_exact(_module_at(model, p))]
-        if entry.widenable and shared:
-            fix = "; give each call its own module" if isinstance(
-                _module_at(model, shared[0]), ELEMENTWISE) else ""
-            entry = refuse(target, f"its output goes to {shared[0]}, which is called "
-                                    f"{calls[shared[0]]} times: its other calls' inputs would "
-                                    f"not widen{fix}", "torch.fx")
-        out.append(entry)
-    return out
-
-
-def _after_flatten(path: str, module: nn.Module) -> str | None:
-    """Why a widening stops at ``module`` after a flatten, or None where it stays as it is:
-    relu-like modules are exact on any width, and so is dropout in eval mode (in training
-    its mask, random either way, is drawn over the wider tensor). Anything else would have
-    to be split by neuron in the flattened layout, which a widening does not do."""
-    if is_width_exact(module) or isinstance(module, DROPOUT):
-        return None
-    return (f"its output is flattened and then goes through {path} "
-            f"({type(module).__name__}), which a widening splits by neuron only before a "
-            "flatten")
-
-
-def _pass_depthwise(entry: LayerPlan, path: str, module: nn.Module, width: int, axis: int,
-                    flat: bool) -> str | None:
-    """Put the grouped conv at ``path`` among ``entry``'s modules on the way, where it is a
-    depthwise conv a widening passes through; else why not."""
-    why = grouped_reason(path, module, width, axis, flat)
-    if why is None:
-        entry.through.append((path, axis))
-    return why
-
-
-def _unknown_reader(path: str, module: nn.Module) -> str:
-    """Why a widening stops at ``module``: its use of new neurons is unknown."""
-    return (f"its output goes to {path} ({type(module).__name__}), whose use of new neurons "
-            "is unknown; pass pairs=")
-
-
-def _follow_graph(model: nn.Module, start: torch.fx.Node) -> LayerPlan:
-    path, by = str(start.target), "torch.fx"
-    producer = model.get_submodule(path)
-    width, axis = width_of(producer, "out"), axis_of(producer)
-    entry = LayerPlan(path, True, found_by=by)
-    todo = [(user, False) for user in start.users]
-    seen: set[str] = set()
-    while todo:
-        node, flat = todo.pop()
-        if node.name in seen:
-            continue
-        seen.add(node.name)
-        nxt = [(user, flat) for user in node.users]
-        if node.op == "call_module":
-            module = model.get_submodule(str(node.target))
-            target = str(node.target)
-            if axis == -1 and isinstance(module, (*POOLING, nn.Flatten)):
-                return refuse(path, _LAST_AXIS.format(target, type(module).__name__), by)
-            if is_consumer(module):
-                have = width_of(module, "in")
-                if have % width or (not flat and have != width):
-                    return refuse(path, f"{target} reads {have} inputs, not a multiple of "
-                                         f"its {width} outputs", by)
-                entry.consumers.append((target, have // width))
-                continue
-            if is_grouped_conv(module):
-                why = _pass_depthwise(entry, target, module, width, axis, flat)
-                if why:
-                    return refuse(path, why, by)
-            elif isinstance(module, CHANNEL_NORMS):
-                why = norm_reason(module, target, width, "the layer")
-                if why:
-                    return refuse(path, why, by)
-                entry.through.append((target, 1))
-            elif isinstance(module, (*ELEMENTWISE, *DROPOUT, *POOLING)):
-                if flat:
-                    why = _after_flatten(target, module)
-                    if why:
-                        return refuse(path, why, by)
-                elif not isinstance(module, nn.Identity):
-                    entry.through.append((target, axis))
-            elif isinstance(module, nn.Flatten) and module.start_dim == 1 \
-                    and module.end_dim == -1:
-                nxt = [(user, True) for user in node.users]
-            elif isinstance(module, JOINT_NORMS):
-                return refuse(path, f"its outputs are normalised jointly by {target} "
-                                     f"({type(module).__name__})", by)
-            else:
-                return refuse(path, _unknown_reader(target, module), by)
-        elif (gate := gate_of(model, node, width, seen)) is not None:
-            # a squeeze-excitation product: its gate gains a gate per new channel
-            entry.partners.append(gate.expand)
-            entry.through.append((gate.activation, axis))
-        elif node.op == "call_function" and node.target in _ADDS:
-            return refuse(path, f"its output is added to another tensor ({node.name}): a "
-                                 "residual connection", by)
-        elif is_shape_query(node):  # x.size(0), x.shape: no neuron values flow on
-            nxt = []
-        elif axis == -1 and (flattens_from_dim1(node) or node.op == "call_function"
-                             and node.target in (torch.flatten, *_POOL_FUNCTIONS)):
-            return refuse(path, _LAST_AXIS.format(
-                node.name, getattr(node.target, "__name__", node.target)), by)
-        elif flattens_from_dim1(node):  # flatten(1), view(x.size(0), -1), reshape(...)
-            nxt = [(user, True) for user in node.users]
-        elif node.op == "output":  # its width is the model's: no pairs= can change that
-            return refuse(path, "its output is an output of the model (its width is the "
-                                "model's output size)", by)
-        elif not (node.op == "call_function" and node.target in _EXACT_FUNCTIONS
-                  or node.op == "call_method" and node.target in _EXACT_METHODS):
-            return refuse(path, unfollowed_call(node), by)
-        todo.extend(nxt)
-    if not entry.consumers:
-        return refuse(path, "no Linear/Conv consumer reads its output", by)
-    return entry

@@ -28,6 +28,20 @@ ATTENTION_NAMES = {"q_proj", "k_proj", "v_proj", "o_proj", "out_proj", "query", 
 RESIDUAL = "its output is added into the residual stream (d_model), which many layers read"
 
 
+def is_hf_activation(module: object) -> bool:
+    """A Hugging Face activation module (``transformers.activations``: GELU variants, SiLU,
+    ReLU squared, ...) without parameters: applied element by element, like torch's."""
+    return isinstance(module, nn.Module) \
+        and type(module).__module__ == "transformers.activations" \
+        and not any(True for _ in module.parameters()) \
+        and not any(True for _ in module.buffers())
+
+
+def is_elementwise(module: object) -> bool:
+    """A module applied element by element, which a widening applies block by block (or
+    leaves as it is where it is exact on any width)."""
+    return isinstance(module, ELEMENTWISE) or is_hf_activation(module)
+
 def is_width_exact(module: object) -> bool:
     """True for a module a widening leaves as it is, exact on any width: relu-like
     activations, identity, and a drop path (stochastic depth), which scales each sample by one

@@ -279,8 +279,12 @@ def test_efficientnet_widens_through_its_squeeze_excitation_and_narrows_back_exa
     getattr(model, mode)()
     plan = perfora.plan_widening(model)
     entry = plan.layers["efficientnet.encoder.blocks.1.expansion.expand_conv"]
-    assert entry.found_by == "EfficientNet block" and len(plan.widenable) == 6
+    assert entry.found_by == "EfficientNet block" and len(plan.widenable) == 13
     assert entry.partners == ["efficientnet.encoder.blocks.1.squeeze_excite.expand"]
+    # the squeeze-excitation bottlenecks widen too (found in each gate's own graph)
+    gate = plan.layers["efficientnet.encoder.blocks.1.squeeze_excite.reduce"]
+    assert gate.widenable and gate.found_by == "torch.fx (EfficientNetSqueezeExciteLayer)"
+    assert gate.consumers == [("efficientnet.encoder.blocks.1.squeeze_excite.expand", 1)]
     pixels = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(2))
     block = model.efficientnet.encoder.blocks[1]
 
@@ -288,7 +292,8 @@ def test_efficientnet_widens_through_its_squeeze_excitation_and_narrows_back_exa
         # the new channels' gates are live (random rows), their product read by zero columns
         assert block.squeeze_excite.expand.source.weight[-3:].abs().sum() > 0
         assert not block.projection.project_conv.source.weight[:, -3:].any()
-        assert not block.squeeze_excite.reduce.source.weight[:, -3:].any()
+        # (its own 3 new rows, from the bottleneck's widening, read every channel)
+        assert not block.squeeze_excite.reduce.source.weight[:-3, -3:].any()
 
     _widen_all_and_back(model, plan.widenable, 3, lambda: model(pixel_values=pixels).logits,
                         gates_live_and_read_by_zero_columns)
