@@ -74,6 +74,23 @@ def _specs(t) -> dict[str, tuple[Callable[[], nn.Module], Callable[[], Inputs]]]
             vocab_size=64, num_key_value_heads=2, **_LAYERS)), _text),
         "mixtral": (lambda: t.MixtralModel(t.MixtralConfig(
             vocab_size=64, num_key_value_heads=2, num_local_experts=2, **_LAYERS)), _text),
+        "qwen3_moe": (lambda: t.Qwen3MoeModel(t.Qwen3MoeConfig(
+            vocab_size=64, num_key_value_heads=2, head_dim=16, num_experts=4,
+            num_experts_per_tok=2, moe_intermediate_size=32, **_LAYERS)), _text),
+        "deepseek_v3": (lambda: t.DeepseekV3Model(t.DeepseekV3Config(
+            vocab_size=64, num_key_value_heads=2, n_routed_experts=4, num_experts_per_tok=2,
+            moe_intermediate_size=32, first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=16,
+            qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, n_group=1, topk_group=1,
+            **_LAYERS)), _text),
+        "gpt_oss": (lambda: t.GptOssModel(t.GptOssConfig(
+            vocab_size=64, num_key_value_heads=2, head_dim=16, num_local_experts=4,
+            num_experts_per_tok=2, **_LAYERS)), _text),
+        "llama4_text": (lambda: t.Llama4TextModel(t.Llama4TextConfig(
+            vocab_size=64, num_key_value_heads=2, head_dim=16, num_local_experts=2,
+            num_experts_per_tok=1, intermediate_size_mlp=64, **_LAYERS)), _text),
+        "phimoe": (lambda: t.PhimoeModel(t.PhimoeConfig(
+            vocab_size=64, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
+            **_LAYERS)), _text),
         "falcon": (lambda: t.FalconModel(t.FalconConfig(
             num_hidden_layers=2, hidden_size=32, num_attention_heads=2, vocab_size=64)), _text),
         "bloom": (lambda: t.BloomModel(t.BloomConfig(vocab_size=64, hidden_size=32, n_layer=2,

@@ -111,11 +111,12 @@ def known_blocks(model: nn.Module) -> list[LayerPlan]:
         elif _is_bart_like_layer(m):  # OPT, BART, mBART, Marian, Pegasus, Whisper layers
             out.append(_bart_like_pair(m, pre))
             out.append(refuse(pre + "fc2", RESIDUAL, "BART/OPT layer"))
-        elif has("gate_proj", "up_proj", "down_proj", "act_fn"):
+        elif has("gate_proj", "up_proj", "down_proj") and \
+                (act := _first_of(m, "act_fn", "activation_fn")) is not None:
             for name, other in (("gate_proj", "up_proj"), ("up_proj", "gate_proj")):
-                out.append(checked_block(m, pre, LayerPlan(
+                out.append(checked_block(m, pre, LayerPlan(  # Llama 4 names it activation_fn
                     pre + name, True, consumers=[(pre + "down_proj", 1)],
-                    through=[(pre + "act_fn", -1)], partners=[pre + other],
+                    through=[(pre + act, -1)], partners=[pre + other],
                     found_by="Llama MLP")))
             out.append(refuse(pre + "down_proj", RESIDUAL, "Llama MLP"))
         elif (fused := _fused_gated_pair(m)) is not None:  # Phi-3, GLM, ModernBERT
@@ -147,6 +148,11 @@ def _present(block: nn.Module, pre: str, *names: str) -> list[tuple[str, int]]:
     """(path, feature axis -1) for each of ``names`` the block has: the modules between a
     feed-forward pair's layers, each applied block by block once widened."""
     return [(pre + name, -1) for name in names if hasattr(block, name)]
+
+
+def _first_of(block: nn.Module, *names: str) -> str | None:
+    """The first of ``names`` the block has as an attribute."""
+    return next((name for name in names if hasattr(block, name)), None)
 
 
 def _has_path(module: nn.Module, dotted: str) -> bool:

@@ -24,6 +24,7 @@ from .plain_keys import add_plain_key_hook
 from .refusals import (
     PARAMETRIZED,
     RECURRENT,
+    not_one_tensor,
     parametrized_inside,
     recurrent_error,
     refuse_unsupported,
@@ -235,6 +236,11 @@ def _select(module: nn.Module, prefix: str, types: tuple, names: set, paths: set
         if hit and path not in paths and parametrized_inside(child):
             skipped.append((path, f"{PARAMETRIZED}; remove the parametrization to grow it "
                                   "(torch.nn.utils.parametrize.remove_parametrizations)"))
+            continue
+        if hit and (why := not_one_tensor(child)) is not None:
+            if path in paths:  # named: say why it cannot be grown, before anything changes
+                raise PerforationError(f"perforate: {path}: {why}")
+            skipped.append((path, why))
             continue
         if hit and path not in paths and id(child) in ties:
             skipped.append((path, tie_reason(path, ties[id(child)])))

@@ -5,6 +5,7 @@ parametrization)."""
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
@@ -93,3 +94,29 @@ def _refuse_unfit_parameters(path: str, module: nn.Module) -> None:
                 f"{name!r} is {p.dtype}, and dendrites are trained floating-point copies. "
                 f"Leave the layer out: perforate(model, exclude=[{path!r}]), or dequantize "
                 "it to a float dtype first")
+
+
+def not_one_tensor(module: nn.Module) -> str | None:
+    """Why a Linear subclass with a forward of its own cannot be wrapped, or None: called on
+    one row of zeros, it returns something other than one tensor (a Mixture-of-Experts router
+    that subclasses Linear and returns scores with its logits: Llama 4's, PhiMoE's). Plain
+    Linears, convolutions and layers that cannot be called here (weights on the meta device,
+    quantized kernels) are not judged. The random state is restored after the call."""
+    if not isinstance(module, nn.Linear) or type(module).forward is nn.Linear.forward:
+        return None
+    weight = getattr(module, "weight", None)
+    if not isinstance(weight, torch.Tensor) or weight.is_meta or weight.dim() != 2:
+        return None
+    devices = [weight.device] if weight.device.type == "cuda" else []
+    try:
+        with torch.random.fork_rng(devices=devices), torch.no_grad():
+            out = module(torch.zeros(1, weight.shape[1], dtype=weight.dtype,
+                                     device=weight.device))
+    except Exception:  # noqa: BLE001 - a layer that cannot be probed is wrapped as before
+        return None
+    if isinstance(out, torch.Tensor):
+        return None
+    return (f"{type(module).__name__} subclasses Linear but returns a "
+            f"{type(out).__name__}, not one tensor (a Mixture-of-Experts router?), so no "
+            "dendrite can add to its output")
+
