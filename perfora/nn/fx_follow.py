@@ -13,6 +13,7 @@ layer's output stays inside the block.
 
 from __future__ import annotations
 
+import inspect
 import operator
 from collections import Counter
 from typing import Any
@@ -224,10 +225,11 @@ BLOCK_DEPTH = 3
 def traced_in_blocks(model: nn.Module, wanted: set[str],
                      whole: Exception) -> list[LayerPlan]:
     """Each wanted layer followed through the graph of the nearest enclosing module (at most
-    :data:`BLOCK_DEPTH` levels up) whose own forward traces and keeps the layer's output inside
-    it; refused where none does, with the reason the whole model (``whole``) gave or the
-    block the output leaves. A block's graph is as good as the model's for such a layer: its
-    output reaches nothing outside the block, and only its readers' inputs widen."""
+    :data:`BLOCK_DEPTH` levels up) whose forward takes one input, traces and keeps the layer's
+    output inside it; refused where none does, with the reason the whole model (``whole``)
+    gave or the block the output leaves. A block's graph is as good as the model's for such a
+    layer: its output reaches nothing outside the block, and only its readers' inputs
+    widen."""
     graphs: dict[str, torch.fx.Graph | Exception] = {}
     fallback = traced(model, wanted, whole)  # the refusals, one per layer
     return [_in_blocks(model, entry.path, graphs) or entry for entry in fallback]
@@ -241,7 +243,8 @@ def _in_blocks(model: nn.Module, path: str,
         block_path = ".".join(parts[:-up])
         block = model.get_submodule(block_path)
         if block_path not in graphs:
-            graphs[block_path] = trace_model(block)
+            graphs[block_path] = trace_model(block) if _one_input(block) else \
+                TypeError("its forward takes more than one input")
         graph = graphs[block_path]
         if not isinstance(graph, torch.fx.Graph):
             continue
@@ -256,6 +259,19 @@ def _in_blocks(model: nn.Module, path: str,
         return None
     return refuse(path, f"its output leaves {left}, whose forward traces with torch.fx, and "
                         "the modules around it do not trace; pass pairs=", "torch.fx")
+
+
+def _one_input(block: nn.Module) -> bool:
+    """True when the block's forward takes exactly one input and nothing else: a graph traced
+    with a placeholder for an optional argument takes the branch of an argument that is given
+    (``if mask is None`` is False for it), which a call without it does not run."""
+    try:
+        params = list(inspect.signature(block.forward).parameters.values())
+    except (TypeError, ValueError):  # no signature to read
+        return False
+    return len(params) == 1 and params[0].default is inspect.Parameter.empty \
+        and params[0].kind in (inspect.Parameter.POSITIONAL_ONLY,
+                               inspect.Parameter.POSITIONAL_OR_KEYWORD)
 
 
 def _prefixed(entry: LayerPlan, block_path: str, kind: str) -> LayerPlan:

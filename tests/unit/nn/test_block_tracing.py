@@ -117,6 +117,30 @@ def test_an_output_that_leaves_every_traced_block_is_refused_naming_the_block():
     assert "leaves layer.mlp (_MLP), whose forward traces" in reason and "pairs=" in reason
 
 
+class _Masked(nn.Module):
+    """An MLP with an optional argument that changes what runs: called without it, a
+    LayerNorm over the hidden width comes between the layers. A trace gives the argument a
+    placeholder (not None), so its graph has no norm: fc1 -> fc2 would look widenable."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.norm, self.fc2 = nn.Linear(12, 24), nn.LayerNorm(24), nn.Linear(24, 12)
+
+    def forward(self, x: torch.Tensor, skip_norm: bool | None = None) -> torch.Tensor:
+        h = self.fc1(x)
+        if skip_norm is None:
+            h = self.norm(h)
+        return self.fc2(h)
+
+
+def test_a_block_whose_forward_takes_more_than_one_input_is_not_traced():
+    torch.manual_seed(0)
+    model = perfora.perforate(nn.ModuleDict({"layer": _Opaque()}))
+    model["layer"].mlp = perfora.perforate(_Masked())
+    reason = perfora.plan_widening(model).refused["layer.mlp.fc1"]
+    assert "cannot trace the model" in reason
+
+
 def test_a_hugging_face_activation_is_followed_in_a_chain_and_applied_by_blocks():
     activations = pytest.importorskip("transformers.activations")
     torch.manual_seed(0)
