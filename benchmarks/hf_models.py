@@ -170,6 +170,8 @@ def _specs(t) -> dict[str, tuple[Callable[[], nn.Module], Callable[[], Inputs]]]
         "resnet": (lambda: t.ResNetModel(t.ResNetConfig(embedding_size=16, hidden_sizes=[16, 32],
                                                         depths=[1, 1], layer_type="basic")),
                    _image),
+        "mobilenet_v1": (lambda: t.MobileNetV1Model(t.MobileNetV1Config(
+            image_size=32, depth_multiplier=0.25)), _image),
         "mobilenet_v2": (lambda: t.MobileNetV2Model(t.MobileNetV2Config(
             image_size=32, depth_multiplier=0.25)), _image),
         "efficientnet": (lambda: t.EfficientNetModel(t.EfficientNetConfig(

@@ -82,6 +82,57 @@ def _entry(block: nn.Module, pre: str, path: str, name: str,
                      through=through, found_by=FOUND_BY)
 
 
+MOBILENET_V1 = "MobileNetV1 layers"
+
+
+def mobilenet_v1_layers(model: nn.Module, pre: str) -> list[LayerPlan] | None:
+    """The plan entries of a transformers ``MobileNetV1Model`` (``conv_stem``, then ``layer``: a
+    ModuleList of ``*ConvLayer`` modules, depthwise and pointwise in turn, which its forward
+    runs in order): each pointwise conv (and the stem) widens through the depthwise layer after
+    it to the next pointwise conv; the last one's output is the model's. None for other
+    modules."""
+    layers = getattr(model, "layer", None)
+    if type(model).__name__ != "MobileNetV1Model" or not isinstance(layers, nn.ModuleList) \
+            or not _conv_layer(getattr(model, "conv_stem", None)) \
+            or not all(_conv_layer(m) for m in layers) or len(layers) % 2:
+        return None
+    names = ["conv_stem", *(f"layer.{i}" for i in range(len(layers)))]
+    out = []
+    for i in range(0, len(names), 2):  # the stem and each pointwise layer
+        producer = names[i]
+        path = f"{pre}{producer}.convolution"
+        if i + 2 >= len(names):
+            out.append(refuse(path, "its output is the model's last hidden state",
+                              MOBILENET_V1))
+            continue
+        depthwise = names[i + 1]
+        reader = model.get_submodule(f"{names[i + 2]}.convolution")
+        conv = model.get_submodule(f"{producer}.convolution")
+        if not is_producer(conv):
+            continue
+        width, axis = width_of(conv, "out"), axis_of(conv)
+        why = grouped_reason(f"{pre}{depthwise}.convolution",
+                             model.get_submodule(f"{depthwise}.convolution"), width, axis, False)
+        through: list[tuple[str, int]] = []
+        for name in (producer, depthwise):
+            layer = model.get_submodule(name)
+            norm, act = getattr(layer, "normalization", None), getattr(layer, "activation", None)
+            if name == depthwise:
+                through.append((f"{pre}{depthwise}.convolution", axis))
+            if norm is not None:
+                if why is None and (not isinstance(norm, BN_TYPES) or norm.num_features != width):
+                    why = f"{pre}{name}.normalization is not a BatchNorm of its {width} channels"
+                through.append((f"{pre}{name}.normalization", 1))
+            if isinstance(act, nn.Module):
+                through.append((f"{pre}{name}.activation", axis))
+        if why is None and width_of(reader, "in") != width:
+            why = f"{pre}{names[i + 2]}.convolution reads {width_of(reader, 'in')} channels"
+        out.append(refuse(path, why, MOBILENET_V1) if why else LayerPlan(
+            path, True, consumers=[(f"{pre}{names[i + 2]}.convolution", 1)], through=through,
+            found_by=MOBILENET_V1))
+    return out
+
+
 def _conv_layer(module: nn.Module | None) -> bool:
     """A transformers ``*ConvLayer``: a conv (plain or dendritic) with optional norm and
     activation, applied in that order."""

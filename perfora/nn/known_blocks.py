@@ -14,7 +14,7 @@ from torch import nn
 
 from .block_check import checked_block
 from .blocks import is_hf_conv1d
-from .inverted_residual import efficientnet_block, inverted_residual
+from .inverted_residual import efficientnet_block, inverted_residual, mobilenet_v1_layers
 from .layers import DendriticLayer
 from .plan_types import ATTENTION_NAMES, RESIDUAL, LayerPlan, is_producer, refuse, width_of
 from .vision_mlps import vision_mlp
@@ -32,6 +32,7 @@ def known_blocks(model: nn.Module) -> list[LayerPlan]:
         convs = inverted_residual(m, pre)
         convs = efficientnet_block(m, pre) if convs is None else convs
         convs = vision_mlp(m, pre) if convs is None else convs  # LeViT, PoolFormer
+        convs = mobilenet_v1_layers(m, pre) if convs is None else convs
         if convs is not None:
             out.extend(convs)
         elif isinstance(m, nn.TransformerEncoderLayer | nn.TransformerDecoderLayer):
