@@ -146,6 +146,9 @@ def _specs(t) -> dict[str, tuple[Callable[[], nn.Module], Callable[[], Inputs]]]
         "pvt": (lambda: t.PvtModel(t.PvtConfig(image_size=32, hidden_sizes=[16, 32, 32, 32],
                                                depths=[1, 1, 1, 1],
                                                num_attention_heads=[1, 1, 1, 1])), _image),
+        "pvt_v2": (lambda: t.PvtV2Model(t.PvtV2Config(
+            image_size=32, hidden_sizes=[16, 32, 32, 32], depths=[1, 1, 1, 1],
+            num_attention_heads=[1, 1, 1, 1])), _image),
         "focalnet": (lambda: t.FocalNetModel(t.FocalNetConfig(
             image_size=32, patch_size=4, embed_dim=16, depths=[1, 1], focal_levels=[1, 1],
             focal_windows=[3, 3])), _image),

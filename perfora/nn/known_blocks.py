@@ -97,6 +97,9 @@ def known_blocks(model: nn.Module) -> list[LayerPlan]:
         elif has("fc1", "dwconv.dwconv", "activation_fn", "fc2"):  # SegFormer's Mix-FFN
             out.append(_mix_ffn_pair(m, pre))
             out.append(refuse(pre + "fc2", RESIDUAL, _MIX_FFN))
+        elif has("dense1", "dwconv.dwconv", "intermediate_act_fn", "dense2"):  # PVTv2
+            out.append(_mix_ffn_pair(m, pre, _PVT_V2_FFN))
+            out.append(refuse(pre + "dense2", RESIDUAL, _PVT_V2_FFN))
         elif type(m).__name__.endswith("MLP") and has("fc1", "fc2", "activation_fn") \
                 and not has("gate_proj"):  # ViT (transformers 5), CLIP, SigLIP: fc1 -> act -> fc2
             out.append(checked_block(m, pre, LayerPlan(
@@ -204,13 +207,15 @@ def _bart_like_pair(block: nn.Module, pre: str) -> LayerPlan:
                               through=[(pre + "activation_fn", -1)], found_by=by)
 
 
-def _other_state(block: nn.Module, pre: str, roles: set[str], by: str) -> LayerPlan | None:
-    """The refusal of ``fc1`` when a child of the block other than ``roles`` holds parameters
-    or buffers (a pattern checked by its parts cannot say what such a child does)."""
+def _other_state(block: nn.Module, pre: str, roles: set[str], by: str,
+                 hidden: str = "fc1") -> LayerPlan | None:
+    """The refusal of ``hidden`` when a child of the block other than ``roles`` holds
+    parameters or buffers (a pattern checked by its parts cannot say what such a child
+    does)."""
     for name, child in block.named_children():
         if name not in roles and (any(True for _ in child.parameters())
                                   or any(True for _ in child.buffers())):
-            return refuse(pre + "fc1", f"the block also holds {pre}{name} "
+            return refuse(pre + hidden, f"the block also holds {pre}{name} "
                                        f"({type(child).__name__}), which the {by} pattern does "
                                        "not have; pass pairs= if its readers are known", by)
     return None
@@ -229,27 +234,36 @@ def _fused_gated_pair(block: nn.Module) -> tuple[str, str] | None:
 
 
 _MIX_FFN = "SegFormer Mix-FFN"
+_PVT_V2_FFN = "PVTv2 feed-forward"
+_MIX_FFNS = {_MIX_FFN: ("fc1", "activation_fn", "fc2", ()),
+             _PVT_V2_FFN: ("dense1", "intermediate_act_fn", "dense2", ("relu",))}
+"""Per pattern: the hidden layer, the activation, the reader, and stateless modules between
+the hidden layer and the depthwise conv."""
 
 
-def _mix_ffn_pair(block: nn.Module, pre: str) -> LayerPlan:
+def _mix_ffn_pair(block: nn.Module, pre: str, by: str = _MIX_FFN) -> LayerPlan:
     """SegFormer's ``fc1`` -> depthwise conv over the image (``dwconv.dwconv``) ->
-    ``activation_fn`` -> dropout -> ``fc2``. Its forward takes the image size, so it is checked
-    by its parts: the widths agree, the conv is depthwise, and nothing else holds state. The
-    dropout, also used after ``fc2``, stays as it is (exact in eval mode)."""
-    gives, reads = width_of(block.fc1, "out"), width_of(block.fc2, "in")
+    ``activation_fn`` -> dropout -> ``fc2``, or PVTv2's ``dense1`` -> ``relu`` (an identity
+    unless its attention is linear) -> ``dwconv.dwconv`` -> ``intermediate_act_fn`` -> dropout
+    -> ``dense2``. Its forward takes the image size, so it is checked by its parts: the widths
+    agree, the conv is depthwise, and nothing else holds state. The dropout, also used after
+    the reader, stays as it is (exact in eval mode)."""
+    hidden, act, reader, before = _MIX_FFNS[by]
+    gives, reads = width_of(getattr(block, hidden), "out"), width_of(getattr(block, reader), "in")
     conv = block.dwconv.dwconv
     core = conv.source if isinstance(conv, DendriticLayer) else conv
     depthwise = isinstance(core, nn.Conv2d) and core.groups == core.in_channels == \
         core.out_channels == gives
     if gives != reads or not depthwise:
-        return refuse(pre + "fc1", f"{pre}fc1 gives {gives} outputs, {pre}fc2 reads {reads} and "
-                                   f"{pre}dwconv.dwconv is {'' if depthwise else 'not '}a "
-                                   "depthwise conv of that width; pass pairs= if its readers "
-                                   "are known", _MIX_FFN)
-    extra = _other_state(block, pre, {"fc1", "dwconv", "activation_fn", "fc2"}, _MIX_FFN)
-    return extra or LayerPlan(pre + "fc1", True, consumers=[(pre + "fc2", 1)],
-                              through=[(pre + "dwconv.dwconv", 1), (pre + "activation_fn", -1)],
-                              found_by=_MIX_FFN)
+        return refuse(pre + hidden, f"{pre}{hidden} gives {gives} outputs, {pre}{reader} reads "
+                                    f"{reads} and {pre}dwconv.dwconv is "
+                                    f"{'' if depthwise else 'not '}a depthwise conv of that "
+                                    "width; pass pairs= if its readers are known", by)
+    extra = _other_state(block, pre, {hidden, "dwconv", act, reader}, by, hidden)
+    return extra or LayerPlan(pre + hidden, True, consumers=[(pre + reader, 1)],
+                              through=[*_present(block, pre, *before),
+                                       (pre + "dwconv.dwconv", 1), (pre + act, -1)],
+                              found_by=by)
 
 
 _CNN_RESIDUAL = ("its output is added into the residual stream of the ResNet stages, which "

@@ -47,13 +47,19 @@ def _build(name: str) -> tuple[torch.nn.Module, str, dict]:
             num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=2)),
             "encoder.layers.0.feed_forward.intermediate_dense",
             {"input_values": torch.randn(2, 400)})
+    if name == "pvt_v2":  # the Mix-FFN's pattern under other names, with a relu before
+        return (T.PvtV2Model(T.PvtV2Config(
+            image_size=32, hidden_sizes=[16, 32, 32, 32], depths=[1, 1, 1, 1],
+            num_attention_heads=[1, 1, 1, 1], linear_attention=True)),
+            "encoder.layers.0.blocks.0.mlp.dense1", images)
     return (T.SegformerModel(T.SegformerConfig(
         num_encoder_blocks=2, depths=[1, 1], sr_ratios=[2, 1], hidden_sizes=[16, 32],
         num_attention_heads=[1, 2], strides=[4, 2], patch_sizes=[7, 3], mlp_ratios=[2, 2])),
         "stages.0.blocks.0.mlp.fc1", images)
 
 
-@pytest.mark.parametrize("name", ["distilbert", "albert", "convnext", "wav2vec2", "segformer"])
+@pytest.mark.parametrize("name", ["distilbert", "albert", "convnext", "wav2vec2", "segformer",
+                                  "pvt_v2"])
 def test_the_feed_forward_pair_grows_neurons_exactly_and_exports(name):
     model, hidden, inputs = _build(name)
     model, reader = known_pair(model, hidden)
