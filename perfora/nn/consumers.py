@@ -122,6 +122,9 @@ def plan_widening(model: nn.Module, pairs: Mapping[str, Any] | None = None, *,
         graph = trace_model(model)
         if isinstance(graph, torch.fx.Graph):
             found.update({e.path: e for e in traced(model, unchecked, graph)})
+        else:  # a block's own graph that finds the readers checks the entry as well
+            found.update({e.path: e for e in traced_in_blocks(model, unchecked, graph)
+                          if e.widenable})
     if trace and set(candidates) - decided | chained:
         graph = trace_model(model) if graph is None else graph
         whole = isinstance(graph, torch.fx.Graph)

@@ -97,6 +97,16 @@ def test_a_layer_found_in_its_block_widens_exactly_narrows_back_and_exports(mode
     assert model.layers[0].mlp.fc2.source.in_features == 24
 
 
+def test_pairs_that_leave_out_the_reader_the_blocks_graph_finds_are_refused():
+    model = _model()
+    plan = perfora.plan_widening(model, pairs={"layers.1.mlp.fc1": ["layers.1.mlp.fc2"]})
+    assert plan.layers["layers.1.mlp.fc1"].widenable  # what the block's graph finds too
+    # another layer of the right width, not the one that reads fc1's output
+    plan = perfora.plan_widening(model, pairs={"layers.1.mlp.fc1": ["layers.0.mlp.fc2"]})
+    reason = plan.refused["layers.1.mlp.fc1"]
+    assert "leaves out layers.1.mlp.fc2" in reason and "torch.fx (_MLP)" in reason
+
+
 class _Opaque(nn.Module):
     """A layer whose forward does not trace (it branches on a tensor's value)."""
 
