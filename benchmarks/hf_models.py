@@ -168,6 +168,8 @@ def _specs(t) -> dict[str, tuple[Callable[[], nn.Module], Callable[[], Inputs]]]
             depths=[1, 1, 1], key_dim=[8, 8, 8], patch_size=16)), _image),
         "poolformer": (lambda: t.PoolFormerModel(t.PoolFormerConfig(
             hidden_sizes=[16, 32, 32, 32], depths=[1, 1, 1, 1])), _image),
+        "bit": (lambda: t.BitModel(t.BitConfig(embedding_size=32, hidden_sizes=[32, 64],
+                                               depths=[1, 1], num_groups=8)), _image),
         "regnet": (lambda: t.RegNetModel(t.RegNetConfig(
             embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], groups_width=8)), _image),
         "resnet": (lambda: t.ResNetModel(t.ResNetConfig(embedding_size=16, hidden_sizes=[16, 32],

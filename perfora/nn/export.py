@@ -202,7 +202,12 @@ class _DendriteComputation(nn.Module):
         if self.kind == "generic":
             outs = [module(x) for module in self.bank]
             return [o.movedim(self.axis, -1) for o in outs] if self._last() else outs
-        z = self.bank(x)
+        # the op the live layer runs on the bank (the class's own forward, e.g. a weight
+        # standardization in a Conv2d subclass, applies to the base only)
+        if self.kind == "conv":
+            z = self.bank._conv_forward(x, self.bank.weight, self.bank.bias)
+        else:
+            z = F.linear(x, self.bank.weight, self.bank.bias)
         if self.kind == "conv" and self.groups > 1:
             g, per = self.groups, self.sizes[0] // self.groups
             z = z.unflatten(1, (g, self.k, per))

@@ -14,7 +14,29 @@ from torch import nn
 
 import perfora
 
+
+class _StandardizedConv(nn.Conv2d):
+    """A Conv2d whose forward standardizes its weight first (BiT's): the class's forward is
+    the base's computation; its dendrites run the plain conv, live and exported alike."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.weight
+        w = (w - w.mean(dim=(1, 2, 3), keepdim=True)) / (w.std(dim=(1, 2, 3), keepdim=True)
+                                                          + 1e-5)
+        return self._conv_forward(x, w, self.bias)
+
+
+class _ScaledLinear(nn.Linear):
+    """A Linear subclass whose forward does more than the linear map."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return 2 * super().forward(x)
+
+
 KINDS = {
+    "subclasses": (lambda: nn.Sequential(_StandardizedConv(3, 4, 3), nn.ReLU(), nn.Flatten(),
+                                         _ScaledLinear(64, 3)),
+                   lambda: torch.randn(2, 3, 6, 6), {}),
     "linear": (lambda: nn.Sequential(nn.Linear(5, 7), nn.Tanh(), nn.Linear(7, 3)),
                lambda: torch.randn(4, 2, 5), {}),
     "conv1d": (lambda: nn.Sequential(nn.Conv1d(3, 6, 3, padding=1), nn.Conv1d(6, 2, 3)),
