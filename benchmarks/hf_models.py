@@ -72,6 +72,8 @@ def _specs(t) -> dict[str, tuple[Callable[[], nn.Module], Callable[[], Inputs]]]
                                                      **_LAYERS)), _text),
         "nemotron": (lambda: t.NemotronModel(t.NemotronConfig(
             vocab_size=64, num_key_value_heads=2, **_LAYERS)), _text),
+        "mpt": (lambda: t.MptModel(t.MptConfig(d_model=32, n_heads=2, n_layers=2, vocab_size=64,
+                                               expansion_ratio=2)), _text),
         "mixtral": (lambda: t.MixtralModel(t.MixtralConfig(
             vocab_size=64, num_key_value_heads=2, num_local_experts=2, **_LAYERS)), _text),
         "qwen3_moe": (lambda: t.Qwen3MoeModel(t.Qwen3MoeConfig(

@@ -106,12 +106,12 @@ def known_blocks(model: nn.Module) -> list[LayerPlan]:
                 pre + "fc1", True, consumers=[(pre + "fc2", 1)],
                 through=[(pre + "activation_fn", -1)], found_by="ViT/CLIP MLP")))
             out.append(refuse(pre + "fc2", RESIDUAL, "ViT/CLIP MLP"))
-        elif (names := _plain_mlp_names(m)) is not None:  # GPT-NeoX, Falcon, BLOOM, GPT-J MLPs
+        elif (names := _plain_mlp_names(m)) is not None:  # GPT-NeoX, Falcon, GPT-J, MPT MLPs
             hidden, reader, act = names
             out.append(checked_block(m, pre, LayerPlan(
                 pre + hidden, True, consumers=[(pre + reader, 1)],
-                through=_present(m, pre, act, "dropout"), found_by="GPT-NeoX/GPT-J MLP")))
-            out.append(refuse(pre + reader, RESIDUAL, "GPT-NeoX/GPT-J MLP"))
+                through=_present(m, pre, act, "dropout"), found_by=_PLAIN_MLP)))
+            out.append(refuse(pre + reader, RESIDUAL, _PLAIN_MLP))
         elif _is_bart_like_layer(m):  # OPT, BART, mBART, Marian, Pegasus, Whisper layers
             out.append(_bart_like_pair(m, pre))
             out.append(refuse(pre + "fc2", RESIDUAL, "BART/OPT layer"))
@@ -167,7 +167,8 @@ def _has_path(module: nn.Module, dotted: str) -> bool:
     return True
 
 
-_PLAIN_MLPS = (("dense_h_to_4h", "dense_4h_to_h"), ("fc_in", "fc_out"))
+_PLAIN_MLP = "GPT-NeoX/GPT-J/MPT MLP"
+_PLAIN_MLPS = (("dense_h_to_4h", "dense_4h_to_h"), ("fc_in", "fc_out"), ("up_proj", "down_proj"))
 _ACTIVATIONS = ("act", "activation", "activation_fn", "act_fn", "gelu_impl")
 _BART_LAYER_STATE = {"self_attn", "encoder_attn", "self_attn_layer_norm",
                      "encoder_attn_layer_norm", "final_layer_norm"}
@@ -175,11 +176,13 @@ _BART_LAYER_STATE = {"self_attn", "encoder_attn", "self_attn_layer_norm",
 
 def _plain_mlp_names(block: nn.Module) -> tuple[str, str, str] | None:
     """(hidden layer, reader, activation) of an MLP named as GPT-NeoX's, Falcon's
-    (``dense_h_to_4h`` -> ``act`` -> ``dense_4h_to_h``) or GPT-J's (``fc_in``/``fc_out``)."""
+    (``dense_h_to_4h`` -> ``act`` -> ``dense_4h_to_h``), GPT-J's (``fc_in``/``fc_out``) or
+    MPT's and Nemotron's (``up_proj``/``down_proj``, without Llama's ``gate_proj``)."""
     for hidden, reader in _PLAIN_MLPS:
-        if hasattr(block, hidden) and hasattr(block, reader):
+        if hasattr(block, hidden) and hasattr(block, reader) and not hasattr(block, "gate_proj"):
             act = next((a for a in _ACTIVATIONS if isinstance(getattr(block, a, None),
-                                                              nn.Module)), None)
+                                                              nn.Module)
+                        and not any(True for _ in getattr(block, a).parameters())), None)
             if act is not None:
                 return hidden, reader, act
     return None

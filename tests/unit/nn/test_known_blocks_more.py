@@ -1,8 +1,8 @@
 """The feed-forward pairs of more Hugging Face decoders and encoder-decoders: GPT-NeoX
-(Pythia), Falcon, BLOOM, GPT-J, GPT-Neo and GPTBigCode (StarCoder) MLPs, and the layers of OPT
-and the BART family, whose ``fc1`` -> ``fc2`` sits in the layer itself. Each grows exactly and
-exports to a plain model with the same outputs; they were refused ("torch.fx cannot trace the
-model; pass pairs=")."""
+(Pythia), Falcon, BLOOM, GPT-J, GPT-Neo, GPTBigCode (StarCoder), MPT and Nemotron MLPs, and
+the layers of OPT and the BART family, whose ``fc1`` -> ``fc2`` sits in the layer itself. Each
+grows exactly and exports to a plain model with the same outputs; they were refused ("torch.fx
+cannot trace the model; pass pairs=")."""
 
 from __future__ import annotations
 
@@ -46,6 +46,14 @@ def _build(name: str) -> tuple[torch.nn.Module, str, dict]:
         return (T.GPTBigCodeForCausalLM(T.GPTBigCodeConfig(
             vocab_size=64, n_embd=32, n_layer=2, n_head=2, n_inner=64, n_positions=32)),
             "transformer.h.0.mlp.c_fc", {})
+    if name == "mpt":  # up_proj -> GELU -> down_proj, the residual added in the MLP
+        return (T.MptForCausalLM(T.MptConfig(d_model=32, n_heads=2, n_layers=2, vocab_size=64,
+                                             expansion_ratio=2)),
+                "transformer.blocks.0.ffn.up_proj", {})
+    if name == "nemotron":  # up_proj -> relu squared -> down_proj, no gate
+        return (T.NemotronForCausalLM(T.NemotronConfig(
+            vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+            num_attention_heads=2, num_key_value_heads=2)), "model.layers.0.mlp.up_proj", {})
     if name == "opt":
         return (T.OPTForCausalLM(T.OPTConfig(
             vocab_size=64, hidden_size=32, ffn_dim=64, num_hidden_layers=2,
@@ -59,7 +67,7 @@ def _build(name: str) -> tuple[torch.nn.Module, str, dict]:
 
 
 @pytest.mark.parametrize("name", ["gpt_neox", "falcon", "bloom", "gptj", "gpt_neo",
-                                  "gpt_bigcode", "opt", "bart"])
+                                  "gpt_bigcode", "mpt", "nemotron", "opt", "bart"])
 def test_the_feed_forward_pair_grows_neurons_exactly_and_exports(name):
     model, hidden, extra = _build(name)
     model, reader = known_pair(model, hidden)
