@@ -74,6 +74,10 @@ def _specs(t) -> dict[str, tuple[Callable[[], nn.Module], Callable[[], Inputs]]]
             vocab_size=64, num_key_value_heads=2, **_LAYERS)), _text),
         "mpt": (lambda: t.MptModel(t.MptConfig(d_model=32, n_heads=2, n_layers=2, vocab_size=64,
                                                expansion_ratio=2)), _text),
+        "granite4": (lambda: t.GraniteMoeHybridModel(t.GraniteMoeHybridConfig(
+            vocab_size=64, num_key_value_heads=2, num_local_experts=2, num_experts_per_tok=1,
+            shared_intermediate_size=64, layer_types=["mamba", "attention"], mamba_d_state=4,
+            mamba_n_heads=4, mamba_d_head=16, **_LAYERS)), _text),
         "mixtral": (lambda: t.MixtralModel(t.MixtralConfig(
             vocab_size=64, num_key_value_heads=2, num_local_experts=2, **_LAYERS)), _text),
         "qwen3_moe": (lambda: t.Qwen3MoeModel(t.Qwen3MoeConfig(

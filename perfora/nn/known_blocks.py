@@ -126,7 +126,7 @@ def known_blocks(model: nn.Module) -> list[LayerPlan]:
         elif (fused := _fused_gated_pair(m)) is not None:  # Phi-3, GLM, ModernBERT
             out.append(checked_block(m, pre, LayerPlan(
                 pre + fused[0], True, consumers=[(pre + fused[1], 1)],
-                through=_present(m, pre, "activation_fn", "act", "drop"), chunks=2,
+                through=_present(m, pre, "activation_fn", "act", "activation", "drop"), chunks=2,
                 found_by="fused gated MLP")))
             out.append(refuse(pre + fused[1], RESIDUAL, "fused gated MLP"))
         elif (residual := _resnet_residual_writers(m, pre)) is not None:  # HF ResNet
@@ -227,8 +227,10 @@ def _other_state(block: nn.Module, pre: str, roles: set[str], by: str,
 def _fused_gated_pair(block: nn.Module) -> tuple[str, str] | None:
     """(fused projection, reader) of a gated MLP whose gate and up projections are one layer,
     chunked in halves in its forward (Phi-3's and GLM's ``gate_up_proj``, ModernBERT's
-    ``Wi``): the layer gives twice the reader's inputs."""
-    for fused, reader in (("gate_up_proj", "down_proj"), ("Wi", "Wo")):
+    ``Wi``, Granite 4's shared expert's ``input_linear``): the layer gives twice the reader's
+    inputs."""
+    for fused, reader in (("gate_up_proj", "down_proj"), ("Wi", "Wo"),
+                          ("input_linear", "output_linear")):
         layers = getattr(block, fused, None), getattr(block, reader, None)
         if all(layer is not None and is_producer(layer) for layer in layers) and \
                 width_of(layers[0], "out") == 2 * width_of(layers[1], "in"):

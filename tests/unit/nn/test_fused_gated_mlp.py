@@ -35,6 +35,12 @@ def _build(name: str, head: bool = False) -> tuple[torch.nn.Module, str]:
         config = T.Phi3Config(num_key_value_heads=2, **SIZES)
         model = T.Phi3ForCausalLM(config) if head else T.Phi3Model(config)
         return model, ("model." if head else "") + "layers.0.mlp.gate_up_proj"
+    if name == "granite4":  # the shared expert of Granite 4 (a hybrid Mamba MoE)
+        config = T.GraniteMoeHybridConfig(
+            num_key_value_heads=2, num_local_experts=2, num_experts_per_tok=1,
+            shared_intermediate_size=64, layer_types=["mamba", "attention"], mamba_d_state=4,
+            mamba_n_heads=4, mamba_d_head=16, **SIZES)
+        return T.GraniteMoeHybridModel(config), "layers.0.shared_mlp.input_linear"
     config = T.ModernBertConfig(bos_token_id=1, eos_token_id=2, cls_token_id=1,
                                 sep_token_id=2, **SIZES)
     return T.ModernBertModel(config), "layers.0.mlp.Wi"
@@ -45,7 +51,7 @@ def _out(model: torch.nn.Module) -> torch.Tensor:
     return out.logits if hasattr(out, "logits") else out.last_hidden_state
 
 
-@pytest.mark.parametrize("name", ["phi3", "modernbert"])
+@pytest.mark.parametrize("name", ["phi3", "modernbert", "granite4"])
 @pytest.mark.parametrize("dendrites", [False, True])
 def test_the_fused_layer_grows_neurons_exactly_exports_and_rewinds(name, dendrites):
     model, fused = _build(name)
