@@ -101,7 +101,8 @@ def not_one_tensor(module: nn.Module) -> str | None:
     one row of zeros, it returns something other than one tensor (a Mixture-of-Experts router
     that subclasses Linear and returns scores with its logits: Llama 4's, PhiMoE's). Plain
     Linears, convolutions and layers that cannot be called here (weights on the meta device,
-    quantized kernels) are not judged. The random state is restored after the call."""
+    quantized kernels) are not judged. The random state is restored after the call, and the
+    module's hooks do not run."""
     if not isinstance(module, nn.Linear) or type(module).forward is nn.Linear.forward:
         return None
     weight = getattr(module, "weight", None)
@@ -110,8 +111,8 @@ def not_one_tensor(module: nn.Module) -> str | None:
     devices = [weight.device] if weight.device.type == "cuda" else []
     try:
         with torch.random.fork_rng(devices=devices), torch.no_grad():
-            out = module(torch.zeros(1, weight.shape[1], dtype=weight.dtype,
-                                     device=weight.device))
+            out = module.forward(torch.zeros(1, weight.shape[1], dtype=weight.dtype,
+                                             device=weight.device))  # no hooks run
     except Exception:  # noqa: BLE001 - a layer that cannot be probed is wrapped as before
         return None
     if isinstance(out, torch.Tensor):

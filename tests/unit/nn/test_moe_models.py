@@ -51,6 +51,15 @@ def test_a_router_that_returns_a_tuple_is_left_out_and_the_model_grows(name, cap
         assert torch.equal(controller.model(input_ids=IDS).last_hidden_state, before)
 
 
+def test_the_check_runs_no_hook_of_the_model():
+    model = _build("llama4")
+    calls = []
+    router = model.get_submodule(ROUTER["llama4"])
+    router.register_forward_hook(lambda *_: calls.append("router"))
+    perfora.perforate(model)
+    assert calls == []  # a user's hook sees only the model's own calls
+
+
 @pytest.mark.parametrize("name", ["llama4", "phimoe"])
 def test_the_router_named_in_paths_is_refused_with_the_reason(name):
     with pytest.raises(PerforationError, match="returns a tuple, not one tensor"):
