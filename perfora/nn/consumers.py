@@ -34,13 +34,13 @@ import torch
 from torch import nn
 
 from ..errors import PerforationError
-from .blocks import CHANNEL_NORMS, CONV_TYPES
+from .blocks import CONV_TYPES
 from .explicit_pairs import checked_pairs, explicit_entry
 from .fx_follow import (
     LAST_AXIS,
-    after_flatten,
+    add_reader,
     module_at,
-    pass_depthwise,
+    pass_on_the_way,
     trace_model,
     traced,
     traced_in_blocks,
@@ -48,9 +48,7 @@ from .fx_follow import (
 )
 from .known_blocks import known_blocks
 from .layers import DendriticLayer
-from .norm_widening import norm_reason
 from .plan_types import (
-    DROPOUT,
     JOINT_NORMS,
     POOLING,
     LayerPlan,
@@ -259,34 +257,19 @@ def _follow(pre: str, name: str, producer: nn.Module,
         cpath = pre + child_name
         if axis == -1 and isinstance(child, (*POOLING, nn.Flatten)):
             return refuse(path, LAST_AXIS.format(cpath, type(child).__name__), by)
-        if is_elementwise(child) or isinstance(child, (*DROPOUT, *POOLING)):
-            if flat:
-                why = after_flatten(cpath, child)
-                if why:
-                    return refuse(path, why, by)
-            elif not isinstance(child, nn.Identity):
-                entry.through.append((cpath, axis))
-        elif isinstance(child, CHANNEL_NORMS):
-            why = norm_reason(child, cpath, width, "the layer")
-            if why:
-                return refuse(path, why, by)
-            entry.through.append((cpath, 1))
-        elif isinstance(child, nn.Flatten):
+        if is_consumer(child):
+            why = add_reader(entry, cpath, child, width, flat)
+            return refuse(path, why, by) if why else entry
+        passed, why = pass_on_the_way(entry, cpath, child, width, axis, flat)
+        if why:
+            return refuse(path, why, by)
+        if passed:
+            continue
+        if isinstance(child, nn.Flatten):
             if child.start_dim != 1 or child.end_dim != -1:
                 return refuse(path, f"{cpath} flattens dims {child.start_dim}..{child.end_dim}"
                                      "; only Flatten(1, -1) is followed", by)
             flat = True
-        elif is_consumer(child):
-            have = width_of(child, "in")
-            if have % width or (not flat and have != width):
-                return refuse(path, f"{cpath} reads {have} inputs, not a multiple of its "
-                                     f"{width} outputs", by)
-            entry.consumers.append((cpath, have // width))
-            return entry
-        elif is_grouped_conv(child):
-            why = pass_depthwise(entry, cpath, child, width, axis, flat)
-            if why:
-                return refuse(path, why, by)
         elif isinstance(child, JOINT_NORMS):
             return refuse(path, f"its outputs are normalised jointly by {cpath} "
                                  f"({type(child).__name__})", by)

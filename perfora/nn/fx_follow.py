@@ -121,8 +121,41 @@ def after_flatten(path: str, module: nn.Module) -> str | None:
             "flatten")
 
 
+def add_reader(entry: LayerPlan, path: str, module: nn.Module, width: int,
+               flat: bool) -> str | None:
+    """Add the Linear/Conv at ``path`` to ``entry``'s readers (after a flatten, with the
+    spatial size as its repeat); else why not."""
+    have = width_of(module, "in")
+    if have % width or (not flat and have != width):
+        return f"{path} reads {have} inputs, not a multiple of its {width} outputs"
+    entry.consumers.append((path, have // width))
+    return None
+
+
+def pass_on_the_way(entry: LayerPlan, path: str, module: nn.Module, width: int, axis: int,
+                    flat: bool) -> tuple[bool, str | None]:
+    """(whether a widening passes ``module``, why not): a depthwise conv (it gains channels),
+    a channel norm (neutral channels), an elementwise module, dropout or pooling (applied
+    block by block; after a flatten only those exact on any width). One passed is put among
+    ``entry``'s modules on the way; (False, None) for any other module."""
+    if is_grouped_conv(module):
+        return True, pass_depthwise(entry, path, module, width, axis, flat)
+    if isinstance(module, CHANNEL_NORMS):
+        why = norm_reason(module, path, width, "the layer")
+        if why is None:
+            entry.through.append((path, 1))
+        return True, why
+    if is_elementwise(module) or isinstance(module, (*DROPOUT, *POOLING)):
+        if flat:
+            return True, after_flatten(path, module)
+        if not isinstance(module, nn.Identity):
+            entry.through.append((path, axis))
+        return True, None
+    return False, None
+
+
 def pass_depthwise(entry: LayerPlan, path: str, module: nn.Module, width: int, axis: int,
-                    flat: bool) -> str | None:
+                   flat: bool) -> str | None:
     """Put the grouped conv at ``path`` among ``entry``'s modules on the way, where it is a
     depthwise conv a widening passes through; else why not."""
     why = grouped_reason(path, module, width, axis, flat)
@@ -156,28 +189,15 @@ def follow_graph(model: nn.Module, start: torch.fx.Node) -> LayerPlan:
             if axis == -1 and isinstance(module, (*POOLING, nn.Flatten)):
                 return refuse(path, LAST_AXIS.format(target, type(module).__name__), by)
             if is_consumer(module):
-                have = width_of(module, "in")
-                if have % width or (not flat and have != width):
-                    return refuse(path, f"{target} reads {have} inputs, not a multiple of "
-                                         f"its {width} outputs", by)
-                entry.consumers.append((target, have // width))
+                why = add_reader(entry, target, module, width, flat)
+                if why:
+                    return refuse(path, why, by)
                 continue
-            if is_grouped_conv(module):
-                why = pass_depthwise(entry, target, module, width, axis, flat)
-                if why:
-                    return refuse(path, why, by)
-            elif isinstance(module, CHANNEL_NORMS):
-                why = norm_reason(module, target, width, "the layer")
-                if why:
-                    return refuse(path, why, by)
-                entry.through.append((target, 1))
-            elif is_elementwise(module) or isinstance(module, (*DROPOUT, *POOLING)):
-                if flat:
-                    why = after_flatten(target, module)
-                    if why:
-                        return refuse(path, why, by)
-                elif not isinstance(module, nn.Identity):
-                    entry.through.append((target, axis))
+            passed, why = pass_on_the_way(entry, target, module, width, axis, flat)
+            if why:
+                return refuse(path, why, by)
+            if passed:
+                pass  # on the way: followed on
             elif isinstance(module, nn.Flatten) and module.start_dim == 1 \
                     and module.end_dim == -1:
                 nxt = [(user, True) for user in node.users]
