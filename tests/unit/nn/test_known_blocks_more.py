@@ -135,3 +135,15 @@ def test_a_models_output_head_is_named_as_such_where_the_model_does_not_trace():
     plan = perfora.plan_widening(_hf_resnet(embedding_size=8))
     assert plan.refused["classifier.1"].startswith("its output is an output of the model")
     assert "pairs=" not in plan.refused["classifier.1"]
+
+
+def test_an_mlp_whose_activation_holds_parameters_is_not_taken_for_the_plain_pattern():
+    # Apertus's xIELU learns its own parameters: a widening cannot apply it block by block,
+    # so the up_proj -> down_proj pattern must not claim the block (it did: widen then failed)
+    model, hidden, _ = _build("nemotron")
+    model = perfora.perforate(model.eval())
+    model.get_submodule(hidden.rpartition(".")[0]).act_fn = torch.nn.PReLU()
+    plan = perfora.plan_widening(model)
+    assert hidden not in plan.widenable
+    with pytest.raises(perfora.PerforationError):
+        perfora.widen(model, hidden, 4)
